@@ -1,0 +1,175 @@
+"""The Hugging Face backend: in-process `model.generate`, hooks applied for one call, stop criteria, seeds."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import importlib.util
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LogitsProcessorList,
+    StoppingCriteriaList,
+)
+
+from steer_hydra.core.backend import Backend
+from steer_hydra.core.capabilities import Capability
+from steer_hydra.core.controls import HookSet
+from steer_hydra.core.params import GenerationParams
+from steer_hydra.core.stopping import StopOnStrings, StopOnTokens
+from steer_hydra.models import resolve_model_reference
+
+logger = logging.getLogger(__name__)
+
+
+class HFBackend(Backend):
+    """Generation with `transformers` in this process; the only backend that runs hooks and beam proposals."""
+
+    kind = "huggingface"
+    capabilities = frozenset(
+        {Capability.IN_PROCESS_TORCH, Capability.HIDDEN_CAPTURE, Capability.BEAM_PROPOSALS, Capability.SAMPLED_ROLLOUTS}
+    )
+
+    def load(
+        self,
+        *,
+        model_name_or_path: str | None,
+        tokenizer_name_or_path: str | None,
+        model: Any,
+        tokenizer: Any,
+        device_map: Any,
+        device: Any,
+        hf_model_kwargs: Mapping[str, Any],
+        trust_remote_code: bool,
+    ) -> None:
+        if tokenizer is None:
+            source = tokenizer_name_or_path or model_name_or_path
+            if source is None:
+                raise ValueError("No tokenizer: pass tokenizer= or tokenizer_name_or_path= / model_name_or_path=.")
+            tokenizer = AutoTokenizer.from_pretrained(resolve_model_reference(source), trust_remote_code=trust_remote_code)
+        if model is None:
+            if model_name_or_path is None:
+                raise ValueError("No model: pass model= or model_name_or_path=.")
+            kwargs = dict(hf_model_kwargs)
+            if device is None and device_map is not None:
+                if importlib.util.find_spec("accelerate") is not None:
+                    kwargs.setdefault("device_map", device_map)
+                elif torch.cuda.is_available():
+                    device = "cuda"
+            logger.info("Loading %s", model_name_or_path)
+            model = AutoModelForCausalLM.from_pretrained(resolve_model_reference(model_name_or_path), **kwargs)
+        if device is not None:
+            model = model.to(device)
+        model.eval()
+        ensure_pad_token(tokenizer, model)
+        self.model, self.tokenizer = model, tokenizer
+
+    def _generate_kwargs(self, input_ids: torch.Tensor, stop_strings: Sequence[str], stop_token_ids: Sequence[int],
+                         logits_processors: Sequence[Any], stopping_criteria: Sequence[Any]) -> dict[str, Any]:
+        criteria = list(stopping_criteria)
+        prompt_len = input_ids.shape[1]
+        if stop_strings:
+            criteria.append(StopOnStrings(self.tokenizer, stop_strings, prompt_len))
+        if stop_token_ids:
+            criteria.append(StopOnTokens(stop_token_ids, prompt_len))
+        return {
+            "logits_processor": LogitsProcessorList(logits_processors),
+            "stopping_criteria": StoppingCriteriaList(criteria),
+            "pad_token_id": self.tokenizer.pad_token_id,
+        }
+
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        params: GenerationParams,
+        *,
+        seeds: Sequence[int | None],
+        logits_processors: Sequence[Any] = (),
+        stopping_criteria: Sequence[Any] = (),
+    ) -> torch.Tensor:
+        if len(set(seeds)) > 1:
+            raise ValueError("HFBackend.generate needs one seed per call; the pipeline decodes distinct seeds serially.")
+        if params.n != 1:
+            raise ValueError("HFBackend.generate takes n=1; the pipeline repeats rows for n candidates.")
+        kwargs = self._generate_kwargs(
+            input_ids, params.stop_strings, params.stop_token_ids, logits_processors, stopping_criteria
+        )
+        kwargs.update(sampling_kwargs(params))
+        kwargs.update(params.extra)
+        with self.seeded(seeds[0] if seeds else None), torch.no_grad():
+            sequences = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        return sequences[:, input_ids.shape[1] :]
+
+    def rollout(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        *,
+        logits_processors: Sequence[Any] = (),
+        stopping_criteria: Sequence[Any] = (),
+        stop_strings: Sequence[str] = (),
+        stop_token_ids: Sequence[int] = (),
+        **gen_kwargs: Any,
+    ) -> torch.Tensor:
+        kwargs = self._generate_kwargs(input_ids, stop_strings, stop_token_ids, logits_processors, stopping_criteria)
+        kwargs.update(gen_kwargs)
+        with torch.no_grad():
+            return self.model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+
+    @contextlib.contextmanager
+    def applied(self, hooks: Sequence[HookSet]) -> Iterator[None]:
+        """Register every hook for the body only; removed on exit, also when the body raises."""
+        with contextlib.ExitStack() as stack:
+            for hook_set in hooks:
+                for spec in hook_set.get("pre", ()):
+                    module = self.model.get_submodule(spec["module"])
+                    stack.callback(module.register_forward_pre_hook(spec["hook_func"], with_kwargs=True).remove)
+                for spec in hook_set.get("forward", ()):
+                    module = self.model.get_submodule(spec["module"])
+                    stack.callback(module.register_forward_hook(spec["hook_func"], with_kwargs=True).remove)
+                for spec in hook_set.get("backward", ()):
+                    module = self.model.get_submodule(spec["module"])
+                    stack.callback(module.register_full_backward_hook(spec["hook_func"]).remove)
+                for factory in hook_set.get("context", ()):
+                    stack.enter_context(factory())
+            yield
+
+    def release(self) -> None:
+        self.model = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def sampling_kwargs(params: GenerationParams) -> dict[str, Any]:
+    """`model.generate` names for the decoding parameters of `params`."""
+    kwargs: dict[str, Any] = {"max_new_tokens": params.max_new_tokens, "do_sample": not params.greedy}
+    if params.min_new_tokens:
+        kwargs["min_new_tokens"] = params.min_new_tokens
+    if params.repetition_penalty is not None:
+        kwargs["repetition_penalty"] = params.repetition_penalty
+    if params.greedy:
+        # neutralize sampling defaults a checkpoint's generation_config may carry
+        kwargs.update(temperature=None, top_p=None, top_k=None)
+    else:
+        kwargs.update(
+            temperature=params.temperature if params.temperature else 1.0,
+            top_p=params.top_p if params.top_p is not None else 1.0,
+            top_k=params.top_k if params.top_k is not None else 0,
+        )
+    return kwargs
+
+
+def ensure_pad_token(tokenizer: Any, model: Any = None) -> None:
+    """Give the tokenizer a pad token (eos when it has none) and left padding."""
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    if model is not None and getattr(model.generation_config, "pad_token_id", None) is None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id

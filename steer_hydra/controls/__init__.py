@@ -1,0 +1,1 @@
+"""Steering methods, one module per method, grouped by category (input, state, output, structural)."""

@@ -1,0 +1,55 @@
+"""The steering core: pipeline, controls, generation params, outputs, capabilities, identity and seeds."""
+
+from steer_hydra.core.backend import Backend, BackendSpec
+from steer_hydra.core.capabilities import Capability, SupportFailure, SupportReport, UnsupportedPipelineError
+from steer_hydra.core.controls import (
+    BaseArgs,
+    BaseControl,
+    DecodingDriver,
+    DriverResult,
+    HookControl,
+    HookSet,
+    InputControl,
+    OutputControl,
+    StateControl,
+    StructuralControl,
+    declared_scopes,
+    merge_controls,
+    runtime_kwargs_schema,
+)
+from steer_hydra.core.identity import canonical_value, config_digest, derive_item_seed, derive_trial_seed
+from steer_hydra.core.output import FINISH_REASONS, Output, infer_finish_reasons, truncate_at_stop_strings
+from steer_hydra.core.params import GenerationParams
+from steer_hydra.core.pipeline import SteeringPipeline
+
+__all__ = [
+    "FINISH_REASONS",
+    "Backend",
+    "BackendSpec",
+    "BaseArgs",
+    "BaseControl",
+    "Capability",
+    "DecodingDriver",
+    "DriverResult",
+    "GenerationParams",
+    "HookControl",
+    "HookSet",
+    "InputControl",
+    "Output",
+    "OutputControl",
+    "StateControl",
+    "SteeringPipeline",
+    "StructuralControl",
+    "SupportFailure",
+    "SupportReport",
+    "UnsupportedPipelineError",
+    "canonical_value",
+    "config_digest",
+    "declared_scopes",
+    "derive_item_seed",
+    "derive_trial_seed",
+    "infer_finish_reasons",
+    "merge_controls",
+    "runtime_kwargs_schema",
+    "truncate_at_stop_strings",
+]

@@ -1,0 +1,179 @@
+"""The backend seam: where generation runs (`BackendSpec`, the `Backend` base, and the kind registry).
+
+A backend loads (or adopts) the model and tokenizer, generates continuations for a left-packed batch under
+`GenerationParams`, applies a state control's hooks for the duration of a call when it runs in process, offers
+rollouts to decoding drivers, and releases its memory. Backends live in `steer_hydra.backends` and are found
+by kind here without importing them until needed (vLLM is an optional extra).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from steer_hydra.core.capabilities import Capability
+from steer_hydra.core.controls import HookSet
+from steer_hydra.core.identity import canonical_json
+from steer_hydra.core.params import GenerationParams
+
+BACKENDS: dict[str, str] = {
+    "huggingface": "steer_hydra.backends.huggingface:HFBackend",
+    "vllm": "steer_hydra.backends.vllm:VLLMBackend",
+    "vllm-serve": "steer_hydra.backends.vllm_serve:VLLMServeBackend",
+}
+_ALIASES = {"hf": "huggingface", "vllm_serve": "vllm-serve"}
+
+
+def canonical_kind(kind: str) -> str:
+    """Normalize a backend kind (`vllm_serve` -> `vllm-serve`), naming the valid kinds on a typo."""
+    kind = _ALIASES.get(kind, kind)
+    if kind not in BACKENDS:
+        raise ValueError(f"Unknown backend kind {kind!r}; valid kinds: {sorted(BACKENDS)}.")
+    return kind
+
+
+@dataclass(frozen=True, slots=True)
+class BackendSpec:
+    """A backend kind plus its options (engine kwargs, server URL...); `digest()` is its identity."""
+
+    kind: str = "huggingface"
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", canonical_kind(self.kind))
+        object.__setattr__(self, "options", dict(self.options))
+
+    @classmethod
+    def coerce(cls, value: BackendSpec | str | Mapping[str, Any] | None) -> BackendSpec:
+        """Accept a spec, a kind string, a `{kind, options}` mapping, or None (Hugging Face)."""
+        if value is None:
+            return cls()
+        if isinstance(value, BackendSpec):
+            return value
+        if isinstance(value, str):
+            return cls(kind=value)
+        if isinstance(value, Mapping):
+            return cls(kind=value.get("kind", "huggingface"), options=value.get("options") or {})
+        raise TypeError(f"backend must be a BackendSpec, a kind string or a mapping; got {value!r}.")
+
+    def digest(self) -> str:
+        return canonical_json({"kind": self.kind, "options": self.options})
+
+
+def backend_class(kind: str) -> type[Backend]:
+    """Import and return the backend class registered for `kind` (no heavy imports happen here)."""
+    module_name, _, attr = BACKENDS[canonical_kind(kind)].partition(":")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+class Backend(ABC):
+    """Base of every backend. Subclasses set `kind` and `capabilities` and implement `load` and `generate`.
+
+    Class attributes:
+        native_n: the backend produces `n` candidates per prompt itself (else the pipeline repeats rows).
+        batches_distinct_seeds: rows with different seeds can share one call (else the pipeline decodes
+            them serially).
+    """
+
+    kind: ClassVar[str]
+    capabilities: ClassVar[frozenset[Capability]] = frozenset()
+    native_n: ClassVar[bool] = False
+    batches_distinct_seeds: ClassVar[bool] = False
+
+    def __init__(self, options: Mapping[str, Any] | None = None) -> None:
+        self.options = dict(options or {})
+        self.model: torch.nn.Module | None = None
+        self.tokenizer: Any = None
+
+    @abstractmethod
+    def load(
+        self,
+        *,
+        model_name_or_path: str | None,
+        tokenizer_name_or_path: str | None,
+        model: Any,
+        tokenizer: Any,
+        device_map: Any,
+        device: Any,
+        hf_model_kwargs: Mapping[str, Any],
+        trust_remote_code: bool,
+    ) -> None:
+        """Load or adopt the model and tokenizer (sets `self.model`, possibly None, and `self.tokenizer`)."""
+
+    @abstractmethod
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        params: GenerationParams,
+        *,
+        seeds: Sequence[int | None],
+        logits_processors: Sequence[Any] = (),
+        stopping_criteria: Sequence[Any] = (),
+    ) -> torch.Tensor:
+        """Continuations `[rows * n, new]` for a left-packed batch, right-padded with the pad id.
+
+        `seeds` has one entry per row; they are all equal unless `batches_distinct_seeds`.
+        """
+
+    def rollout(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        *,
+        logits_processors: Sequence[Any] = (),
+        stopping_criteria: Sequence[Any] = (),
+        stop_strings: Sequence[str] = (),
+        stop_token_ids: Sequence[int] = (),
+        **gen_kwargs: Any,
+    ) -> torch.Tensor:
+        """Prompt plus continuation rows, `model.generate`-style, for decoding drivers."""
+        raise NotImplementedError(f"Backend {self.kind!r} offers no rollouts to decoding drivers.")
+
+    @contextlib.contextmanager
+    def applied(self, hooks: Sequence[HookSet]) -> Iterator[None]:
+        """Keep `hooks` active for the body; backends without a live model accept only empty hook sets."""
+        if any(any(h.get(k) for k in ("pre", "forward", "backward", "context")) for h in hooks):
+            raise RuntimeError(f"Backend {self.kind!r} cannot apply in-process hooks; use backend=huggingface.")
+        yield
+
+    @contextlib.contextmanager
+    def seeded(self, seed: int | None) -> Iterator[None]:
+        """Seed torch's RNG for the body and restore the global state afterwards (no-op for None)."""
+        if seed is None:
+            yield
+            return
+        devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            yield
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """The tokenizer's eos id plus the model generation config's."""
+        ids: list[int] = []
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            ids.append(int(self.tokenizer.eos_token_id))
+        config = getattr(self.model, "generation_config", None)
+        extra = getattr(config, "eos_token_id", None)
+        for value in extra if isinstance(extra, (list, tuple)) else [extra]:
+            if value is not None and int(value) not in ids:
+                ids.append(int(value))
+        return ids
+
+    @property
+    def device(self) -> torch.device:
+        """Where input tensors go."""
+        if self.model is not None:
+            return self.model.get_input_embeddings().weight.device
+        return torch.device("cpu")
+
+    def release(self) -> None:
+        """Free the model and any engine; safe to call twice."""
+        self.model = None

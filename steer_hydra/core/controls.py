@@ -1,0 +1,368 @@
+"""Control base classes for the four categories, Args validation, runtime-kwarg declarations and their merge.
+
+A control is one steering method. Its constructor arguments are a frozen `Args` dataclass (validated at
+construction: types, then `Args.validate()` for ranges), mirrored onto the instance. Categories:
+
+- `InputControl`: rewrites the prompt (`adapt_messages` before the chat template, `adapt` on token ids).
+- `StateControl`: returns hooks for one call (`get_hooks`); the backend registers them for that call only.
+  `HookControl` is the in-process flavour.
+- `OutputControl`: logits processors and stopping criteria per call, or generation params lowered into the
+  call (`export_generation_params`); `DecodingDriver` owns the whole decode loop (at most one per pipeline).
+- `StructuralControl`: replaces the model at `steer()` (weights, adapters).
+
+Controls never register hooks themselves, never call `generate`, and declare what they need: `requirements()`
+(capability atoms checked by `SteeringPipeline.check()`), `supports_batching`, `RUNTIME_KWARGS_SCHEMA`.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import dataclasses
+import logging
+import types
+import typing
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, TypedDict
+
+import torch
+
+from steer_hydra.core.capabilities import Capability
+
+logger = logging.getLogger(__name__)
+
+SCOPES = ("row", "call")
+
+
+class HookSpec(TypedDict):
+    """One hook: the dotted path of a module in the model and the function to register on it."""
+
+    module: str
+    hook_func: Callable[..., Any]
+
+
+class HookSet(TypedDict, total=False):
+    """What a state control wants active during one call.
+
+    `pre` hooks are registered with `register_forward_pre_hook(with_kwargs=True)` (they receive
+    `(module, args, kwargs)` and may return `(args, kwargs)`), `forward` hooks with
+    `register_forward_hook(with_kwargs=True)` (`(module, args, kwargs, output)`), `backward` hooks as full
+    backward hooks, and each `context` factory is entered for the call (e.g. to publish per-call data in a
+    ContextVar read by a custom attention function).
+    """
+
+    pre: list[HookSpec]
+    forward: list[HookSpec]
+    backward: list[HookSpec]
+    context: list[Callable[[], AbstractContextManager[Any]]]
+
+
+@dataclass(frozen=True)
+class BaseArgs:
+    """Base of every control's `Args`: field types are checked at construction, then `validate()` runs."""
+
+    def __post_init__(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            hint = hints.get(f.name, Any)
+            if not _matches(value, hint):
+                raise TypeError(
+                    f"{_owner(self)}.{f.name} must be {_describe(hint)}; got {value!r} ({type(value).__name__})."
+                )
+        self.validate()
+
+    def validate(self) -> None:
+        """Check value ranges; raise ValueError naming the field and the fix."""
+
+
+def _owner(args: BaseArgs) -> str:
+    qual = type(args).__qualname__
+    return qual.rsplit(".", 1)[0] if qual.endswith(".Args") else qual
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    """Shallow structural check of `value` against a type hint (unknown hints accept anything)."""
+    if hint is Any or hint is object:
+        return True
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, a) for a in args)
+    if origin is Literal:
+        return value in args
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if origin is collections.abc.Callable or hint is collections.abc.Callable:
+        return callable(value)
+    if origin in (list, tuple, collections.abc.Sequence):
+        if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+            return False
+        inner = [a for a in args if a is not Ellipsis]
+        return len(inner) != 1 or all(_matches(v, inner[0]) for v in value)
+    if origin in (dict, collections.abc.Mapping):
+        return isinstance(value, Mapping)
+    if isinstance(hint, type):
+        return isinstance(value, hint)
+    return True
+
+
+def _describe(hint: Any) -> str:
+    if typing.get_origin(hint) is Literal:
+        return f"one of {typing.get_args(hint)}"
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+
+
+class BaseControl:
+    """Shared behaviour of every control: Args mirroring, `enabled`, declarations and lifecycle hooks."""
+
+    Args: ClassVar[type[BaseArgs] | None] = None
+    RUNTIME_KWARGS_SCHEMA: ClassVar[list[dict[str, Any]]] = []
+    supports_batching: ClassVar[bool] = False
+    category: ClassVar[str] = "base"
+
+    def __init__(self, *args: Any, enabled: bool = True, **kwargs: Any) -> None:
+        if self.Args is None:
+            if args or kwargs:
+                raise TypeError(f"{type(self).__name__} takes no arguments; got {args or ''}{kwargs or ''}.")
+            self.args = None
+        else:
+            names = [f.name for f in dataclasses.fields(self.Args)]
+            unknown = sorted(set(kwargs) - set(names))
+            if unknown:
+                raise TypeError(f"{type(self).__name__} got unknown argument(s) {unknown}; valid arguments: {names}.")
+            try:
+                self.args = self.Args(*args, **kwargs)
+            except TypeError as error:
+                if "missing" in str(error):
+                    raise TypeError(f"{type(self).__name__}: {error}; valid arguments: {names}.") from error
+                raise
+            for name in names:
+                if not isinstance(getattr(type(self), name, None), property):
+                    setattr(self, name, getattr(self.args, name))
+        self.enabled = bool(enabled)
+        self.tokenizer = getattr(self, "tokenizer", None)
+        self._configure()
+
+    def _configure(self) -> None:
+        """Map Args onto generic fields (presets override this)."""
+
+    def steer(self, model: torch.nn.Module | None, tokenizer: Any = None, **kwargs: Any) -> torch.nn.Module | None:
+        """Prepare the control (fit vectors, register attention functions...); return a model to replace it."""
+        return None
+
+    def cleanup(self) -> None:
+        """Undo anything `steer()` installed (called when the pipeline is released)."""
+
+    def requirements(self) -> frozenset[Capability]:
+        """Capabilities the backend must offer for this control to run at generate time."""
+        return frozenset({Capability.IN_PROCESS_TORCH})
+
+    def constraint_failures(self, backend_kind: str, hf_model_kwargs: Mapping[str, Any]) -> list[str]:
+        """Further verdicts on a configuration (e.g. an attention implementation); each names the fix."""
+        return []
+
+    def descriptor(self) -> dict[str, Any]:
+        """The control's identity for configuration digests: class, canonical args, enabled."""
+        args = dataclasses.asdict(self.args) if self.args is not None else {}
+        return {"control": f"{type(self).__module__}.{type(self).__qualname__}", "args": args, "enabled": self.enabled}
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in (dataclasses.asdict(self.args) if self.args else {}).items())
+        suffix = "" if self.enabled else ", enabled=False"
+        return f"{type(self).__name__}({args}{suffix})"
+
+
+class InputControl(BaseControl):
+    """Rewrites the prompt. Runs on every backend (the tokenizer is client-side)."""
+
+    category = "input"
+
+    def adapt_messages(self, messages_batch: list[list[dict[str, str]]], runtime_kwargs: Mapping[str, Any]) -> (
+        list[list[dict[str, str]]] | None
+    ):
+        """Rewrite a batch of chats before the template; return None to be handled by `adapt` instead."""
+        return None
+
+    def adapt(self, input_ids: torch.Tensor, runtime_kwargs: Mapping[str, Any]) -> torch.Tensor | list[list[int]]:
+        """Rewrite token ids (`[batch, seq]`, left-padded) when the message phase did not handle this control."""
+        raise NotImplementedError(f"{type(self).__name__} must implement adapt().")
+
+    def requirements(self) -> frozenset[Capability]:
+        return frozenset()
+
+
+class StateControl(BaseControl):
+    """Changes the model's internal state during a call through hooks the backend registers and removes."""
+
+    category = "state"
+
+    def get_hooks(self, input_ids: torch.Tensor, runtime_kwargs: Mapping[str, Any], **kwargs: Any) -> HookSet:
+        """Hooks for one call on the left-packed `input_ids` (kwargs: attention_mask, model, gen params)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement get_hooks().")
+
+
+class HookControl(StateControl):
+    """A state control that writes its own in-process hooks (Hugging Face backend only)."""
+
+
+class OutputControl(BaseControl):
+    """Acts on decoding: per-step processors and criteria, or parameters lowered into the call."""
+
+    category = "output"
+    include_in_scoring: ClassVar[bool] = True
+
+    def get_logits_processors(self, input_ids: torch.Tensor, runtime_kwargs: Mapping[str, Any], **kwargs: Any) -> list:
+        """Fresh `LogitsProcessor`s for one call."""
+        return []
+
+    def get_stopping_criteria(self, input_ids: torch.Tensor, runtime_kwargs: Mapping[str, Any], **kwargs: Any) -> list:
+        """Fresh `StoppingCriteria` for one call."""
+        return []
+
+    def export_generation_params(self, runtime_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """Parameters to merge into the call (stops, budgets); when non-empty, live processors are skipped."""
+        return {}
+
+
+@dataclass(slots=True)
+class DriverResult:
+    """What a decoding driver returns: prompt plus continuation rows (left-packed prompt, right-padded)."""
+
+    sequences: torch.Tensor
+
+
+class DecodingDriver(OutputControl):
+    """Owns the decode loop. At most one enabled per pipeline.
+
+    `decode` must roll out only through `rollout(input_ids, attention_mask, **gen_kwargs) -> sequences`
+    (prompt plus continuation, like `model.generate`), which applies every other control's hooks, processors
+    and criteria on each forward and counts the tokens rolled out.
+    """
+
+    def decode(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        *,
+        rollout: Callable[..., torch.Tensor],
+        runtime_kwargs: Mapping[str, Any],
+        tokenizer: Any,
+        max_new_tokens: int,
+        **gen_kwargs: Any,
+    ) -> DriverResult:
+        raise NotImplementedError(f"{type(self).__name__} must implement decode().")
+
+    def max_rollouts_per_query(self) -> int | None:
+        """A static bound on full-sequence rollouts per prompt, when one exists."""
+        return None
+
+
+class StructuralControl(BaseControl):
+    """Replaces the model at `steer()` (merged weights, adapters); batch-safe by default."""
+
+    category = "structural"
+    supports_batching = True
+
+    def steer(self, model: torch.nn.Module | None, tokenizer: Any = None, **kwargs: Any) -> torch.nn.Module:
+        raise NotImplementedError(f"{type(self).__name__} must implement steer() and return the model.")
+
+
+CATEGORY_ORDER = ("structural", "input", "state", "output")
+_CATEGORY_BASES: dict[str, type[BaseControl]] = {
+    "structural": StructuralControl,
+    "input": InputControl,
+    "state": StateControl,
+    "output": OutputControl,
+}
+
+
+@dataclass(slots=True)
+class ControlSet:
+    """Controls sorted by category, list order kept within each."""
+
+    structural: list[StructuralControl] = field(default_factory=list)
+    input: list[InputControl] = field(default_factory=list)
+    state: list[StateControl] = field(default_factory=list)
+    output: list[OutputControl] = field(default_factory=list)
+
+    def all(self) -> list[BaseControl]:
+        """Every control, in category order."""
+        return [*self.structural, *self.input, *self.state, *self.output]
+
+    def enabled(self) -> list[BaseControl]:
+        """Enabled controls, in category order."""
+        return [c for c in self.all() if c.enabled]
+
+    def drivers(self) -> list[DecodingDriver]:
+        """Enabled decoding drivers (a valid pipeline has at most one)."""
+        return [c for c in self.output if c.enabled and isinstance(c, DecodingDriver)]
+
+
+def merge_controls(controls: Iterable[BaseControl]) -> ControlSet:
+    """Sort controls into categories; reject non-controls and the same instance twice."""
+    merged = ControlSet()
+    seen: set[int] = set()
+    for control in controls:
+        if not isinstance(control, BaseControl):
+            raise TypeError(
+                f"controls must be steer_hydra controls (subclasses of InputControl, StateControl, OutputControl "
+                f"or StructuralControl); got {control!r} ({type(control).__name__})."
+            )
+        if id(control) in seen:
+            raise ValueError(f"The same {type(control).__name__} instance appears twice in controls; build two.")
+        seen.add(id(control))
+        for name in CATEGORY_ORDER:
+            if isinstance(control, _CATEGORY_BASES[name]):
+                getattr(merged, name).append(control)
+                break
+        else:
+            raise TypeError(f"{type(control).__name__} derives from BaseControl but from no category base.")
+    return merged
+
+
+def runtime_kwargs_schema(controls: Iterable[BaseControl]) -> dict[str, dict[str, Any]]:
+    """Merge the enabled controls' `RUNTIME_KWARGS_SCHEMA` entries by name (a missing scope means `call`).
+
+    Raises ValueError on an invalid scope, and when two controls declare one name with a different scope or type.
+    """
+    merged: dict[str, dict[str, Any]] = {}
+    owners: dict[str, str] = {}
+    for control in controls:
+        if not getattr(control, "enabled", True):
+            continue
+        for raw in getattr(control, "RUNTIME_KWARGS_SCHEMA", None) or ():
+            entry = {"scope": "call", **raw}
+            name, scope = entry["name"], entry["scope"]
+            owner = type(control).__name__
+            if scope not in SCOPES:
+                raise ValueError(f"{owner} declares runtime kwarg {name!r} with scope {scope!r}; use 'row' or 'call'.")
+            if name in merged:
+                previous = merged[name]
+                for key in ("scope", "type"):
+                    if previous.get(key) != entry.get(key):
+                        raise ValueError(
+                            f"Runtime kwarg {name!r} is declared with {key} {previous.get(key)!r} by {owners[name]} "
+                            f"and {entry.get(key)!r} by {owner}; controls sharing a name must agree. Rename one."
+                        )
+                continue
+            merged[name] = entry
+            owners[name] = owner
+    return merged
+
+
+def declared_scopes(controls: Iterable[BaseControl]) -> dict[str, str]:
+    """`{name: scope}` of every runtime kwarg the enabled controls declare."""
+    return {name: entry["scope"] for name, entry in runtime_kwargs_schema(controls).items()}
+
+
+def row_values(value: Any, batch_size: int) -> Sequence[Any] | None:
+    """The per-row list of a row-scoped value when it is one, else None (a broadcast value)."""
+    if isinstance(value, (list, tuple)) and len(value) == batch_size:
+        return value
+    return None

@@ -1,0 +1,554 @@
+"""`SteeringPipeline`: a base model plus controls, steered once, generating from text, chats or token ids.
+
+Invariants:
+- construction does no I/O; `steer()` loads, checks and prepares every control once;
+- prompts are left-packed before any hook is built, so every row's continuation follows its last real token
+  and prompt-relative positions share one anchor (the padded prompt length);
+- hooks exist only for the duration of one call (or one serial row, or one driver decode);
+- seeded sampling runs under a forked RNG: the caller's global RNG state is unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from steer_hydra.core.backend import Backend, BackendSpec, backend_class
+from steer_hydra.core.capabilities import SupportFailure, SupportReport, UnsupportedPipelineError
+from steer_hydra.core.controls import (
+    BaseControl,
+    ControlSet,
+    DecodingDriver,
+    HookSet,
+    declared_scopes,
+    merge_controls,
+    row_values,
+    runtime_kwargs_schema,
+)
+from steer_hydra.core.identity import derive_item_seed
+from steer_hydra.core.output import Output, infer_finish_reasons, truncate_at_stop_strings
+from steer_hydra.core.params import GenerationParams
+from steer_hydra.core.rendering import has_chat_template
+
+logger = logging.getLogger(__name__)
+
+RESERVED_TEMPLATE_KWARGS = frozenset({"add_generation_prompt", "tokenize", "return_dict", "return_tensors", "padding"})
+_SEED_OP = "generate"
+
+
+@dataclass(slots=True)
+class _Prompt:
+    """A tokenized, adapted, left-packed batch and how the caller gave it."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    source: str
+    single: bool
+
+
+@dataclass(slots=True)
+class SteeringPipeline:
+    """A base model plus input, state, output and structural controls.
+
+    Args:
+        model_name_or_path: Hugging Face id or local path (or `steer_hydra:tiny`), loaded in `steer()`.
+        controls: any number per category; list order is composition order within a category.
+        tokenizer_name_or_path: defaults to the model reference.
+        device_map: forwarded to `from_pretrained` (default "auto"); ignored when `device` is set.
+        device: move the model there after loading.
+        hf_model_kwargs: forwarded to `from_pretrained` (e.g. `attn_implementation`, `dtype`).
+        trust_remote_code: for the tokenizer; give the model's through `hf_model_kwargs`.
+        backend: a `BackendSpec`, a kind string ("huggingface", "vllm", "vllm-serve") or None (Hugging Face).
+        model, tokenizer: preloaded objects reused by `steer()` (the tokenizer gets a pad token and left padding).
+    """
+
+    model_name_or_path: str | None = None
+    controls: Sequence[BaseControl] = ()
+    tokenizer_name_or_path: str | None = None
+    device_map: Any = "auto"
+    device: Any = None
+    hf_model_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    trust_remote_code: bool = False
+    backend: BackendSpec | str | None = None
+    model: Any = None
+    tokenizer: Any = None
+    _sets: ControlSet = field(init=False, repr=False)
+    _backend: Backend | None = field(init=False, default=None, repr=False)
+    _is_steered: bool = field(init=False, default=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.device is not None and self.device_map not in (None, "auto"):
+            raise ValueError(f"Pass either device={self.device!r} or device_map={self.device_map!r}, not both.")
+        self.controls = list(self.controls)
+        self._sets = merge_controls(self.controls)
+        self.backend = BackendSpec.coerce(self.backend)
+        self.hf_model_kwargs = dict(self.hf_model_kwargs)
+        runtime_kwargs_schema(self.controls)  # surfaces declaration conflicts at construction
+        if (
+            self.backend.kind == "huggingface"
+            and self.model is None
+            and self.model_name_or_path is None
+            and not self._sets.structural
+        ):
+            raise ValueError("SteeringPipeline needs a model: pass model_name_or_path= (or a preloaded model=).")
+        if self.tokenizer is not None:
+            self._inject_tokenizer()
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def is_steered(self) -> bool:
+        """Whether `steer()` has run (generation is allowed)."""
+        return self._is_steered
+
+    @property
+    def input_controls(self) -> list:
+        return list(self._sets.input)
+
+    @property
+    def state_controls(self) -> list:
+        return list(self._sets.state)
+
+    @property
+    def output_controls(self) -> list:
+        return list(self._sets.output)
+
+    @property
+    def structural_controls(self) -> list:
+        return list(self._sets.structural)
+
+    @property
+    def supports_batching(self) -> bool:
+        """True when every enabled control declares `supports_batching` (an empty pipeline batches)."""
+        return all(c.supports_batching for c in self._sets.enabled())
+
+    @property
+    def backend_kind(self) -> str:
+        return self.backend.kind
+
+    # ------------------------------------------------------------------ check and steer
+    def check(self, backend: BackendSpec | str | None = None) -> SupportReport:
+        """Evaluate every enabled control against the backend; pure (no I/O, nothing loaded)."""
+        spec = BackendSpec.coerce(backend) if backend is not None else self.backend
+        capabilities = backend_class(spec.kind).capabilities
+        failures: list[SupportFailure] = []
+        drivers = self._sets.drivers()
+        if len(drivers) > 1:
+            names = ", ".join(type(d).__name__ for d in drivers)
+            for driver in drivers[1:]:
+                failures.append(SupportFailure(
+                    type(driver).__name__, "generate",
+                    f"only one DecodingDriver may be enabled per pipeline; found {names}. "
+                    "Fix: keep one driver (pass enabled=False to the others) or evaluate them as separate arms.",
+                ))
+        for control in self._sets.enabled():
+            name = type(control).__name__
+            missing = control.requirements() - capabilities
+            if missing:
+                atoms = ", ".join(sorted(m.value for m in missing))
+                failures.append(SupportFailure(
+                    name, "generate",
+                    f"needs {atoms}, which backend {spec.kind!r} does not offer. "
+                    f"Fix: use backend=huggingface, or remove {name} from this arm.",
+                ))
+            for message in control.constraint_failures(spec.kind, self.hf_model_kwargs):
+                failures.append(SupportFailure(name, "generate", message))
+        return SupportReport(backend=spec.kind, failures=tuple(failures))
+
+    def steer(self, **steer_kwargs: Any) -> SteeringPipeline:
+        """Load the model, check support, and prepare each enabled control (structural, input, state, output).
+
+        A second call is a no-op. Raises `UnsupportedPipelineError` when `check()` reports failures.
+        """
+        if self._is_steered:
+            return self
+        schema = runtime_kwargs_schema(self.controls)
+        shared = [name for name in schema if sum(
+            any(e.get("name") == name for e in c.RUNTIME_KWARGS_SCHEMA) for c in self._sets.enabled()) > 1]
+        for name in shared:
+            warnings.warn(f"Runtime kwarg {name!r} is read by several controls of this pipeline.", stacklevel=2)
+        report = self.check()
+        if not report.ok:
+            raise UnsupportedPipelineError(report)
+        backend = backend_class(self.backend.kind)(self.backend.options)
+        try:
+            backend.load(
+                model_name_or_path=self.model_name_or_path,
+                tokenizer_name_or_path=self.tokenizer_name_or_path,
+                model=self.model,
+                tokenizer=self.tokenizer,
+                device_map=self.device_map,
+                device=self.device,
+                hf_model_kwargs=self.hf_model_kwargs,
+                trust_remote_code=self.trust_remote_code,
+            )
+            self.model, self.tokenizer = backend.model, backend.tokenizer
+            self._inject_tokenizer()
+            for control in self._sets.enabled():
+                replaced = control.steer(backend.model, tokenizer=self.tokenizer, backend=self.backend.kind,
+                                         **steer_kwargs)
+                if isinstance(replaced, torch.nn.Module):
+                    backend.model = self.model = replaced
+        except BaseException:
+            backend.release()
+            raise
+        self._backend = backend
+        self._is_steered = True
+        return self
+
+    def _inject_tokenizer(self) -> None:
+        for control in self.controls:
+            if getattr(control, "tokenizer", None) is None:
+                control.tokenizer = self.tokenizer
+
+    # ------------------------------------------------------------------ release
+    def release(self) -> None:
+        """Run each control's cleanup, free the backend (model memory); the pipeline can be steered again."""
+        if self._backend is not None:
+            for control in self._sets.enabled():
+                control.cleanup()
+            self._backend.release()
+            self._backend = None
+        self.model = None
+        self._is_steered = False
+
+    release_backends = release
+
+    def __enter__(self) -> SteeringPipeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    # ------------------------------------------------------------------ generate
+    def generate_text(self, text: str | Sequence[str], **kwargs: Any) -> Any:
+        return self.generate(text=text, **kwargs)
+
+    def generate_messages(self, messages: Any, *, chat_template_kwargs: Mapping[str, Any] | None = None,
+                          **kwargs: Any) -> Any:
+        return self.generate(messages=messages, chat_template_kwargs=chat_template_kwargs, **kwargs)
+
+    def generate_tokens(self, input_ids: Any, attention_mask: Any = None, **kwargs: Any) -> Any:
+        return self.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+
+    def generate(
+        self,
+        inputs: Any = None,
+        attention_mask: Any = None,
+        runtime_kwargs: Mapping[str, Any] | None = None,
+        return_output: bool = False,
+        *,
+        text: str | Sequence[str] | None = None,
+        messages: Any = None,
+        input_ids: Any = None,
+        **gen_kwargs: Any,
+    ) -> Any:
+        """Generate from exactly one of `text=`, `messages=` (one chat or a batch) or `input_ids=`.
+
+        Returns `str`/`list[str]` for text and messages, the continuation ids `[rows * n, new]` for token
+        input, and `Output` (one prompt) or `list[Output]` (one per returned row) with `return_output=True`.
+        Reserved kwargs: `chat_template_kwargs` (messages only), `return_full_sequence` (prompt plus
+        continuation for token returns). Generation kwargs: see `GenerationParams`.
+        """
+        if not self._is_steered:
+            raise RuntimeError("Call steer() before generate(): it loads the model and prepares the controls.")
+        if inputs is not None:
+            if text is not None or messages is not None or input_ids is not None:
+                raise TypeError("Pass the prompt once: positional inputs or one of text=, messages=, input_ids=.")
+            if isinstance(inputs, str) or (isinstance(inputs, (list, tuple)) and inputs and isinstance(inputs[0], str)):
+                text = inputs
+            else:
+                input_ids = inputs
+        sources = [n for n, v in (("text", text), ("messages", messages), ("input_ids", input_ids)) if v is not None]
+        if len(sources) != 1:
+            raise TypeError(f"generate() takes exactly one prompt source (text=, messages= or input_ids=); got {sources or 'none'}.")
+        source = sources[0]
+        if attention_mask is not None and source != "input_ids":
+            raise TypeError("attention_mask is only valid with input_ids=; text and messages build their own mask.")
+        template_kwargs = gen_kwargs.pop("chat_template_kwargs", None)
+        if template_kwargs is not None and source != "messages":
+            raise TypeError(f"chat_template_kwargs is only valid with messages=; got it with {source}=.")
+        full_sequence = bool(gen_kwargs.pop("return_full_sequence", False))
+        params = GenerationParams.from_kwargs(**gen_kwargs)
+        if params.n > 1 and source != "input_ids" and not return_output:
+            raise ValueError(f"n={params.n} needs return_output=True (a text return holds one string per prompt).")
+        runtime_kwargs = dict(runtime_kwargs or {})
+
+        if source == "text":
+            prompt = self._from_text(text, runtime_kwargs)
+        elif source == "messages":
+            prompt = self._from_messages(messages, runtime_kwargs, template_kwargs)
+        else:
+            prompt = self._from_ids(input_ids, attention_mask, runtime_kwargs)
+
+        params = self._lowered(params, runtime_kwargs)
+        drivers = self._sets.drivers()
+        if drivers:
+            continuations, generated = self._drive(drivers[0], prompt, params, runtime_kwargs)
+        else:
+            continuations, generated = self._decode(prompt, params, runtime_kwargs), None
+        reasons = infer_finish_reasons(
+            continuations, self.tokenizer, max_new_tokens=params.max_new_tokens,
+            stop_strings=params.stop_strings, stop_token_ids=params.stop_token_ids,
+            eos_token_ids=self._backend.eos_token_ids,
+        )
+        return self._package(prompt, continuations, reasons, generated, params, return_output, full_sequence)
+
+    # ------------------------------------------------------------------ prompt phase
+    def _from_text(self, text: str | Sequence[str], runtime_kwargs: dict[str, Any]) -> _Prompt:
+        single = isinstance(text, str)
+        batch = [text] if single else list(text)
+        if not batch or not all(isinstance(t, str) for t in batch):
+            raise TypeError("text= must be a str or a non-empty list of str.")
+        encoded = self.tokenizer(batch, padding=True, return_tensors="pt")
+        return self._adapted(encoded["input_ids"], encoded["attention_mask"], runtime_kwargs, "text", single, set())
+
+    def _from_messages(self, messages: Any, runtime_kwargs: dict[str, Any],
+                       template_kwargs: Mapping[str, Any] | None) -> _Prompt:
+        if not has_chat_template(self.tokenizer):
+            raise ValueError("This tokenizer has no chat template; pass text= (or set tokenizer.chat_template).")
+        single = bool(messages) and isinstance(messages[0], Mapping)
+        batch = [list(messages)] if single else [list(chat) for chat in messages]
+        if not batch or not all(batch) or not all(isinstance(m, Mapping) for chat in batch for m in chat):
+            raise TypeError("messages= must be one chat (a list of {'role', 'content'} dicts) or a list of chats.")
+        template_kwargs = dict(template_kwargs or {})
+        reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(template_kwargs))
+        if reserved:
+            raise ValueError(f"chat_template_kwargs may not set {reserved}; the pipeline owns them.")
+        handled: set[int] = set()
+        for control in self._enabled(self._sets.input):
+            adapted = control.adapt_messages(batch, runtime_kwargs)
+            if adapted is not None:
+                if len(adapted) != len(batch):
+                    raise ValueError(f"{type(control).__name__}.adapt_messages returned {len(adapted)} chats for {len(batch)}.")
+                batch = adapted
+                handled.add(id(control))
+        encoded = self.tokenizer.apply_chat_template(
+            batch, add_generation_prompt=True, padding=True, return_dict=True, return_tensors="pt", **template_kwargs
+        )
+        return self._adapted(encoded["input_ids"], encoded["attention_mask"], runtime_kwargs, "messages", single, handled)
+
+    def _from_ids(self, input_ids: Any, attention_mask: Any, runtime_kwargs: dict[str, Any]) -> _Prompt:
+        ids = torch.as_tensor(input_ids, dtype=torch.long)
+        single = ids.dim() == 1
+        if single:
+            ids = ids.unsqueeze(0)
+        if ids.dim() != 2 or ids.shape[1] == 0:
+            raise ValueError(f"input_ids must be 1-D or 2-D (rectangular) and non-empty; got shape {tuple(ids.shape)}.")
+        if attention_mask is not None:
+            mask = torch.as_tensor(attention_mask, dtype=torch.long).reshape(ids.shape)
+        else:
+            mask = torch.ones_like(ids)
+        return self._adapted(ids, mask, runtime_kwargs, "input_ids", single, set())
+
+    def _adapted(self, ids: torch.Tensor, mask: torch.Tensor, runtime_kwargs: Mapping[str, Any], source: str,
+                 single: bool, handled: set[int]) -> _Prompt:
+        """Run token-level input controls not handled in the message phase, then left-pack onto the device."""
+        pad = self.tokenizer.pad_token_id
+        ids, mask = left_pack(ids, mask, pad)
+        for control in self._enabled(self._sets.input):
+            if id(control) in handled:
+                continue
+            adapted = control.adapt(ids, runtime_kwargs)
+            if isinstance(adapted, torch.Tensor) and adapted.shape == ids.shape:
+                ids = adapted
+            else:
+                rows = adapted.tolist() if isinstance(adapted, torch.Tensor) else [list(r) for r in adapted]
+                ids, mask = pad_left(rows, pad)
+            ids, mask = left_pack(ids, mask, pad)
+        device = self._backend.device
+        return _Prompt(ids.to(device), mask.to(device), source, single)
+
+    def _lowered(self, params: GenerationParams, runtime_kwargs: Mapping[str, Any]) -> GenerationParams:
+        for control in self._enabled(self._sets.output):
+            params = params.merge_lowered(control.export_generation_params(runtime_kwargs))
+        return params
+
+    # ------------------------------------------------------------------ decode phase
+    def _decode(self, prompt: _Prompt, params: GenerationParams, runtime_kwargs: dict[str, Any]) -> torch.Tensor:
+        """Default path: one backend call per group of rows sharing hooks and seed."""
+        backend = self._backend
+        ids, mask = prompt.input_ids, prompt.attention_mask
+        batch = ids.shape[0]
+        seeds = self._row_seeds(params, batch)
+        repeat = 1
+        if params.n > 1 and not backend.native_n:
+            repeat = params.n
+            ids, mask = ids.repeat_interleave(repeat, 0), mask.repeat_interleave(repeat, 0)
+            runtime_kwargs = self._repeat_rows(runtime_kwargs, batch, repeat)
+            seeds = [s for s in seeds for _ in range(repeat)]
+            params = params.replace(n=1)
+        if len(set(seeds)) <= 1 or backend.batches_distinct_seeds:
+            return self._call(ids, mask, params, seeds, runtime_kwargs)
+        pieces = []
+        for i in range(batch):
+            rows = slice(i * repeat, (i + 1) * repeat)
+            row_ids, row_mask = trim_left(ids[rows], mask[rows])
+            row_kwargs = self._slice_rows(runtime_kwargs, ids.shape[0], rows)
+            pieces.append(self._call(row_ids, row_mask, params, seeds[rows], row_kwargs))
+        return pad_right(pieces, self.tokenizer.pad_token_id)
+
+    def _call(self, ids: torch.Tensor, mask: torch.Tensor, params: GenerationParams, seeds: Sequence[int | None],
+              runtime_kwargs: Mapping[str, Any]) -> torch.Tensor:
+        hooks = self._hooks(ids, mask, params, runtime_kwargs)
+        processors, criteria = self._step_controls(ids, mask, params, runtime_kwargs)
+        with self._backend.applied(hooks):
+            return self._backend.generate(ids, mask, params, seeds=list(seeds), logits_processors=processors,
+                                          stopping_criteria=criteria)
+
+    def _drive(self, driver: DecodingDriver, prompt: _Prompt, params: GenerationParams,
+               runtime_kwargs: dict[str, Any]) -> tuple[torch.Tensor, int]:
+        """Driver path: the driver owns the loop; hooks stay registered for its whole decode."""
+        if params.n > 1:
+            raise ValueError(f"n={params.n} is not supported with a decoding driver ({type(driver).__name__}); "
+                             "the driver already selects among its own candidates.")
+        ids, mask = prompt.input_ids, prompt.attention_mask
+        backend, pad = self._backend, self.tokenizer.pad_token_id
+        hooks = self._hooks(ids, mask, params, runtime_kwargs)
+        processors, criteria = self._step_controls(ids, mask, params, runtime_kwargs)
+        rolled = 0
+
+        def rollout(input_ids: torch.Tensor, attention_mask: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+            nonlocal rolled
+            sequences = backend.rollout(
+                input_ids, attention_mask, logits_processors=processors, stopping_criteria=criteria,
+                stop_strings=params.stop_strings, stop_token_ids=params.stop_token_ids, **kwargs)
+            new = sequences[:, input_ids.shape[1]:]
+            rolled += int((new != pad).sum()) if pad is not None else new.numel()
+            return sequences
+
+        sampling = {} if params.greedy else {
+            k: v for k, v in (("temperature", params.temperature), ("top_p", params.top_p), ("top_k", params.top_k))
+            if v is not None
+        }
+        seed = self._row_seeds(params, 1)[0]
+        with backend.applied(hooks), backend.seeded(seed):
+            result = driver.decode(ids, mask, rollout=rollout, runtime_kwargs=runtime_kwargs,
+                                   tokenizer=self.tokenizer, max_new_tokens=params.max_new_tokens,
+                                   **sampling, **dict(params.extra))
+        sequences = result.sequences
+        if sequences.shape[0] != ids.shape[0] or not torch.equal(sequences[:, : ids.shape[1]], ids):
+            raise RuntimeError(f"{type(driver).__name__}.decode must return the prompt rows followed by the continuation.")
+        return sequences[:, ids.shape[1]:], rolled
+
+    def _hooks(self, ids: torch.Tensor, mask: torch.Tensor, params: GenerationParams,
+               runtime_kwargs: Mapping[str, Any]) -> list[HookSet]:
+        return [
+            control.get_hooks(ids, runtime_kwargs, attention_mask=mask, model=self._backend.model, params=params)
+            for control in self._enabled(self._sets.state)
+        ]
+
+    def _step_controls(self, ids: torch.Tensor, mask: torch.Tensor, params: GenerationParams,
+                       runtime_kwargs: Mapping[str, Any]) -> tuple[list, list]:
+        processors: list = []
+        criteria: list = []
+        for control in self._enabled(self._sets.output):
+            if control.export_generation_params(runtime_kwargs):
+                continue  # lowered into params; the backend enforces it
+            processors += control.get_logits_processors(ids, runtime_kwargs, attention_mask=mask, params=params)
+            criteria += control.get_stopping_criteria(ids, runtime_kwargs, attention_mask=mask, params=params)
+        return processors, criteria
+
+    def _row_seeds(self, params: GenerationParams, batch: int) -> list[int | None]:
+        """Per-row seeds: none for greedy or unseeded calls; one shared (`dispatch`) or one per row (`item`)."""
+        if params.greedy or params.seed is None:
+            return [None] * batch
+        if params.seed_scope == "item":
+            return [derive_item_seed(params.seed, _SEED_OP, i) for i in range(batch)]
+        return [derive_item_seed(params.seed, _SEED_OP, 0)] * batch
+
+    def _row_scoped(self) -> set[str]:
+        return {name for name, scope in declared_scopes(self.controls).items() if scope == "row"}
+
+    def _repeat_rows(self, runtime_kwargs: dict[str, Any], batch: int, repeat: int) -> dict[str, Any]:
+        out = dict(runtime_kwargs)
+        for name in self._row_scoped() & set(out):
+            values = row_values(out[name], batch)
+            if values is not None:
+                out[name] = [v for v in values for _ in range(repeat)]
+        return out
+
+    def _slice_rows(self, runtime_kwargs: dict[str, Any], batch: int, rows: slice) -> dict[str, Any]:
+        out = dict(runtime_kwargs)
+        for name in self._row_scoped() & set(out):
+            values = row_values(out[name], batch)
+            if values is not None:
+                out[name] = list(values[rows])
+        return out
+
+    @staticmethod
+    def _enabled(controls: Sequence[BaseControl]) -> list:
+        return [c for c in controls if c.enabled]
+
+    # ------------------------------------------------------------------ return phase
+    def _package(self, prompt: _Prompt, continuations: torch.Tensor, reasons: list, generated: int | None,
+                 params: GenerationParams, return_output: bool, full_sequence: bool) -> Any:
+        continuations = continuations.cpu()
+        prompts = prompt.input_ids.cpu()
+        per_prompt = continuations.shape[0] // prompts.shape[0]
+        if return_output:
+            if prompt.single:
+                return Output(continuations, prompts, reasons, generated)
+            shares = split_evenly(generated, continuations.shape[0])
+            return [
+                Output(continuations[r : r + 1], prompts[r // per_prompt : r // per_prompt + 1], [reasons[r]], shares[r])
+                for r in range(continuations.shape[0])
+            ]
+        if prompt.source == "input_ids":
+            if full_sequence:
+                return torch.cat([prompts.repeat_interleave(per_prompt, 0), continuations], dim=1)
+            return continuations
+        texts = [
+            truncate_at_stop_strings(t, params.stop_strings)
+            for t in self.tokenizer.batch_decode(continuations, skip_special_tokens=True)
+        ]
+        return texts[0] if prompt.single else texts
+
+
+# ---------------------------------------------------------------------- tensor helpers
+def left_pack(ids: torch.Tensor, mask: torch.Tensor, pad_token_id: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Move each row's real tokens to the right end (pads first), keeping their order; drop all-pad columns."""
+    order = torch.argsort(mask.to(torch.int8), dim=1, stable=True)
+    ids, mask = ids.gather(1, order), mask.gather(1, order)
+    if pad_token_id is not None:
+        ids = ids.masked_fill(mask == 0, pad_token_id)
+    return trim_left(ids, mask)
+
+
+def trim_left(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drop leading columns that are padding in every row."""
+    real = mask.any(dim=0).nonzero()
+    start = int(real[0]) if real.numel() else ids.shape[1]
+    return ids[:, start:], mask[:, start:]
+
+
+def pad_left(rows: Sequence[Sequence[int]], pad_token_id: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack ragged rows, left-padded with the pad id."""
+    width = max(len(r) for r in rows)
+    pad = 0 if pad_token_id is None else pad_token_id
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        if row:
+            ids[i, width - len(row):] = torch.as_tensor(list(row), dtype=torch.long)
+            mask[i, width - len(row):] = 1
+    return ids, mask
+
+
+def pad_right(pieces: Sequence[torch.Tensor], pad_token_id: int | None) -> torch.Tensor:
+    """Concatenate row blocks of different widths, right-padded with the pad id."""
+    width = max(p.shape[1] for p in pieces)
+    pad = 0 if pad_token_id is None else pad_token_id
+    return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1]), value=pad) for p in pieces], dim=0)
+
+
+def split_evenly(total: int | None, parts: int) -> list[int | None]:
+    """Split a token total over rows, the remainder on the first row (None stays None)."""
+    if total is None:
+        return [None] * parts
+    share, rest = divmod(total, parts)
+    return [share + (rest if i == 0 else 0) for i in range(parts)]
