@@ -51,7 +51,9 @@ class HFBackend(Backend):
             source = tokenizer_name_or_path or model_name_or_path
             if source is None:
                 raise ValueError("No tokenizer: pass tokenizer= or tokenizer_name_or_path= / model_name_or_path=.")
-            tokenizer = AutoTokenizer.from_pretrained(resolve_model_reference(source), trust_remote_code=trust_remote_code)
+            tokenizer = AutoTokenizer.from_pretrained(
+                resolve_model_reference(source), trust_remote_code=trust_remote_code
+            )
         if model is None:
             if model_name_or_path is None:
                 raise ValueError("No model: pass model= or model_name_or_path=.")
@@ -69,8 +71,14 @@ class HFBackend(Backend):
         ensure_pad_token(tokenizer, model)
         self.model, self.tokenizer = model, tokenizer
 
-    def _generate_kwargs(self, input_ids: torch.Tensor, stop_strings: Sequence[str], stop_token_ids: Sequence[int],
-                         logits_processors: Sequence[Any], stopping_criteria: Sequence[Any]) -> dict[str, Any]:
+    def _generate_kwargs(
+        self,
+        input_ids: torch.Tensor,
+        stop_strings: Sequence[str],
+        stop_token_ids: Sequence[int],
+        logits_processors: Sequence[Any],
+        stopping_criteria: Sequence[Any],
+    ) -> dict[str, Any]:
         criteria = list(stopping_criteria)
         prompt_len = input_ids.shape[1]
         if stop_strings:
@@ -94,7 +102,9 @@ class HFBackend(Backend):
         stopping_criteria: Sequence[Any] = (),
     ) -> torch.Tensor:
         if len(set(seeds)) > 1:
-            raise ValueError("HFBackend.generate needs one seed per call; the pipeline decodes distinct seeds serially.")
+            raise ValueError(
+                "HFBackend.generate needs one seed per call; the pipeline decodes distinct seeds serially."
+            )
         if params.n != 1:
             raise ValueError("HFBackend.generate takes n=1; the pipeline repeats rows for n candidates.")
         kwargs = self._generate_kwargs(

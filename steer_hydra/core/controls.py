@@ -183,9 +183,9 @@ class InputControl(BaseControl):
 
     category = "input"
 
-    def adapt_messages(self, messages_batch: list[list[dict[str, str]]], runtime_kwargs: Mapping[str, Any]) -> (
-        list[list[dict[str, str]]] | None
-    ):
+    def adapt_messages(
+        self, messages_batch: list[list[dict[str, str]]], runtime_kwargs: Mapping[str, Any]
+    ) -> list[list[dict[str, str]]] | None:
         """Rewrite a batch of chats before the template; return None to be handled by `adapt` instead."""
         return None
 

@@ -13,8 +13,19 @@ SEED_SCOPES = ("item", "dispatch")
 # Names the pipeline owns in `generate(**gen_kwargs)`; everything else lands in `extra` (passed through on
 # Hugging Face, refused by engine backends).
 _KNOWN = (
-    "max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k", "do_sample", "n",
-    "num_return_sequences", "repetition_penalty", "seed", "seed_scope", "stop_strings", "stop_token_ids",
+    "max_new_tokens",
+    "min_new_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "do_sample",
+    "n",
+    "num_return_sequences",
+    "repetition_penalty",
+    "seed",
+    "seed_scope",
+    "stop_strings",
+    "stop_token_ids",
 )
 
 

@@ -140,21 +140,27 @@ class SteeringPipeline:
         if len(drivers) > 1:
             names = ", ".join(type(d).__name__ for d in drivers)
             for driver in drivers[1:]:
-                failures.append(SupportFailure(
-                    type(driver).__name__, "generate",
-                    f"only one DecodingDriver may be enabled per pipeline; found {names}. "
-                    "Fix: keep one driver (pass enabled=False to the others) or evaluate them as separate arms.",
-                ))
+                failures.append(
+                    SupportFailure(
+                        type(driver).__name__,
+                        "generate",
+                        f"only one DecodingDriver may be enabled per pipeline; found {names}. "
+                        "Fix: keep one driver (pass enabled=False to the others) or evaluate them as separate arms.",
+                    )
+                )
         for control in self._sets.enabled():
             name = type(control).__name__
             missing = control.requirements() - capabilities
             if missing:
                 atoms = ", ".join(sorted(m.value for m in missing))
-                failures.append(SupportFailure(
-                    name, "generate",
-                    f"needs {atoms}, which backend {spec.kind!r} does not offer. "
-                    f"Fix: use backend=huggingface, or remove {name} from this arm.",
-                ))
+                failures.append(
+                    SupportFailure(
+                        name,
+                        "generate",
+                        f"needs {atoms}, which backend {spec.kind!r} does not offer. "
+                        f"Fix: use backend=huggingface, or remove {name} from this arm.",
+                    )
+                )
             for message in control.constraint_failures(spec.kind, self.hf_model_kwargs):
                 failures.append(SupportFailure(name, "generate", message))
         return SupportReport(backend=spec.kind, failures=tuple(failures))
@@ -167,8 +173,11 @@ class SteeringPipeline:
         if self._is_steered:
             return self
         schema = runtime_kwargs_schema(self.controls)
-        shared = [name for name in schema if sum(
-            any(e.get("name") == name for e in c.RUNTIME_KWARGS_SCHEMA) for c in self._sets.enabled()) > 1]
+        shared = [
+            name
+            for name in schema
+            if sum(any(e.get("name") == name for e in c.RUNTIME_KWARGS_SCHEMA) for c in self._sets.enabled()) > 1
+        ]
         for name in shared:
             warnings.warn(f"Runtime kwarg {name!r} is read by several controls of this pipeline.", stacklevel=2)
         report = self.check()
@@ -189,8 +198,9 @@ class SteeringPipeline:
             self.model, self.tokenizer = backend.model, backend.tokenizer
             self._inject_tokenizer()
             for control in self._sets.enabled():
-                replaced = control.steer(backend.model, tokenizer=self.tokenizer, backend=self.backend.kind,
-                                         **steer_kwargs)
+                replaced = control.steer(
+                    backend.model, tokenizer=self.tokenizer, backend=self.backend.kind, **steer_kwargs
+                )
                 if isinstance(replaced, torch.nn.Module):
                     backend.model = self.model = replaced
         except BaseException:
@@ -228,8 +238,9 @@ class SteeringPipeline:
     def generate_text(self, text: str | Sequence[str], **kwargs: Any) -> Any:
         return self.generate(text=text, **kwargs)
 
-    def generate_messages(self, messages: Any, *, chat_template_kwargs: Mapping[str, Any] | None = None,
-                          **kwargs: Any) -> Any:
+    def generate_messages(
+        self, messages: Any, *, chat_template_kwargs: Mapping[str, Any] | None = None, **kwargs: Any
+    ) -> Any:
         return self.generate(messages=messages, chat_template_kwargs=chat_template_kwargs, **kwargs)
 
     def generate_tokens(self, input_ids: Any, attention_mask: Any = None, **kwargs: Any) -> Any:
@@ -265,7 +276,9 @@ class SteeringPipeline:
                 input_ids = inputs
         sources = [n for n, v in (("text", text), ("messages", messages), ("input_ids", input_ids)) if v is not None]
         if len(sources) != 1:
-            raise TypeError(f"generate() takes exactly one prompt source (text=, messages= or input_ids=); got {sources or 'none'}.")
+            raise TypeError(
+                f"generate() takes exactly one prompt source (text=, messages= or input_ids=); got {sources or 'none'}."
+            )
         source = sources[0]
         if attention_mask is not None and source != "input_ids":
             raise TypeError("attention_mask is only valid with input_ids=; text and messages build their own mask.")
@@ -292,8 +305,11 @@ class SteeringPipeline:
         else:
             continuations, generated = self._decode(prompt, params, runtime_kwargs), None
         reasons = infer_finish_reasons(
-            continuations, self.tokenizer, max_new_tokens=params.max_new_tokens,
-            stop_strings=params.stop_strings, stop_token_ids=params.stop_token_ids,
+            continuations,
+            self.tokenizer,
+            max_new_tokens=params.max_new_tokens,
+            stop_strings=params.stop_strings,
+            stop_token_ids=params.stop_token_ids,
             eos_token_ids=self._backend.eos_token_ids,
         )
         return self._package(prompt, continuations, reasons, generated, params, return_output, full_sequence)
@@ -307,8 +323,9 @@ class SteeringPipeline:
         encoded = self.tokenizer(batch, padding=True, return_tensors="pt")
         return self._adapted(encoded["input_ids"], encoded["attention_mask"], runtime_kwargs, "text", single, set())
 
-    def _from_messages(self, messages: Any, runtime_kwargs: dict[str, Any],
-                       template_kwargs: Mapping[str, Any] | None) -> _Prompt:
+    def _from_messages(
+        self, messages: Any, runtime_kwargs: dict[str, Any], template_kwargs: Mapping[str, Any] | None
+    ) -> _Prompt:
         if not has_chat_template(self.tokenizer):
             raise ValueError("This tokenizer has no chat template; pass text= (or set tokenizer.chat_template).")
         single = bool(messages) and isinstance(messages[0], Mapping)
@@ -324,13 +341,17 @@ class SteeringPipeline:
             adapted = control.adapt_messages(batch, runtime_kwargs)
             if adapted is not None:
                 if len(adapted) != len(batch):
-                    raise ValueError(f"{type(control).__name__}.adapt_messages returned {len(adapted)} chats for {len(batch)}.")
+                    raise ValueError(
+                        f"{type(control).__name__}.adapt_messages returned {len(adapted)} chats for {len(batch)}."
+                    )
                 batch = adapted
                 handled.add(id(control))
         encoded = self.tokenizer.apply_chat_template(
             batch, add_generation_prompt=True, padding=True, return_dict=True, return_tensors="pt", **template_kwargs
         )
-        return self._adapted(encoded["input_ids"], encoded["attention_mask"], runtime_kwargs, "messages", single, handled)
+        return self._adapted(
+            encoded["input_ids"], encoded["attention_mask"], runtime_kwargs, "messages", single, handled
+        )
 
     def _from_ids(self, input_ids: Any, attention_mask: Any, runtime_kwargs: dict[str, Any]) -> _Prompt:
         ids = torch.as_tensor(input_ids, dtype=torch.long)
@@ -345,8 +366,15 @@ class SteeringPipeline:
             mask = torch.ones_like(ids)
         return self._adapted(ids, mask, runtime_kwargs, "input_ids", single, set())
 
-    def _adapted(self, ids: torch.Tensor, mask: torch.Tensor, runtime_kwargs: Mapping[str, Any], source: str,
-                 single: bool, handled: set[int]) -> _Prompt:
+    def _adapted(
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        runtime_kwargs: Mapping[str, Any],
+        source: str,
+        single: bool,
+        handled: set[int],
+    ) -> _Prompt:
         """Run token-level input controls not handled in the message phase, then left-pack onto the device."""
         pad = self.tokenizer.pad_token_id
         ids, mask = left_pack(ids, mask, pad)
@@ -392,20 +420,30 @@ class SteeringPipeline:
             pieces.append(self._call(row_ids, row_mask, params, seeds[rows], row_kwargs))
         return pad_right(pieces, self.tokenizer.pad_token_id)
 
-    def _call(self, ids: torch.Tensor, mask: torch.Tensor, params: GenerationParams, seeds: Sequence[int | None],
-              runtime_kwargs: Mapping[str, Any]) -> torch.Tensor:
+    def _call(
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        params: GenerationParams,
+        seeds: Sequence[int | None],
+        runtime_kwargs: Mapping[str, Any],
+    ) -> torch.Tensor:
         hooks = self._hooks(ids, mask, params, runtime_kwargs)
         processors, criteria = self._step_controls(ids, mask, params, runtime_kwargs)
         with self._backend.applied(hooks):
-            return self._backend.generate(ids, mask, params, seeds=list(seeds), logits_processors=processors,
-                                          stopping_criteria=criteria)
+            return self._backend.generate(
+                ids, mask, params, seeds=list(seeds), logits_processors=processors, stopping_criteria=criteria
+            )
 
-    def _drive(self, driver: DecodingDriver, prompt: _Prompt, params: GenerationParams,
-               runtime_kwargs: dict[str, Any]) -> tuple[torch.Tensor, int]:
+    def _drive(
+        self, driver: DecodingDriver, prompt: _Prompt, params: GenerationParams, runtime_kwargs: dict[str, Any]
+    ) -> tuple[torch.Tensor, int]:
         """Driver path: the driver owns the loop; hooks stay registered for its whole decode."""
         if params.n > 1:
-            raise ValueError(f"n={params.n} is not supported with a decoding driver ({type(driver).__name__}); "
-                             "the driver already selects among its own candidates.")
+            raise ValueError(
+                f"n={params.n} is not supported with a decoding driver ({type(driver).__name__}); "
+                "the driver already selects among its own candidates."
+            )
         ids, mask = prompt.input_ids, prompt.attention_mask
         backend, pad = self._backend, self.tokenizer.pad_token_id
         hooks = self._hooks(ids, mask, params, runtime_kwargs)
@@ -415,35 +453,57 @@ class SteeringPipeline:
         def rollout(input_ids: torch.Tensor, attention_mask: torch.Tensor, **kwargs: Any) -> torch.Tensor:
             nonlocal rolled
             sequences = backend.rollout(
-                input_ids, attention_mask, logits_processors=processors, stopping_criteria=criteria,
-                stop_strings=params.stop_strings, stop_token_ids=params.stop_token_ids, **kwargs)
-            new = sequences[:, input_ids.shape[1]:]
+                input_ids,
+                attention_mask,
+                logits_processors=processors,
+                stopping_criteria=criteria,
+                stop_strings=params.stop_strings,
+                stop_token_ids=params.stop_token_ids,
+                **kwargs,
+            )
+            new = sequences[:, input_ids.shape[1] :]
             rolled += int((new != pad).sum()) if pad is not None else new.numel()
             return sequences
 
-        sampling = {} if params.greedy else {
-            k: v for k, v in (("temperature", params.temperature), ("top_p", params.top_p), ("top_k", params.top_k))
-            if v is not None
-        }
+        sampling = (
+            {}
+            if params.greedy
+            else {
+                k: v
+                for k, v in (("temperature", params.temperature), ("top_p", params.top_p), ("top_k", params.top_k))
+                if v is not None
+            }
+        )
         seed = self._row_seeds(params, 1)[0]
         with backend.applied(hooks), backend.seeded(seed):
-            result = driver.decode(ids, mask, rollout=rollout, runtime_kwargs=runtime_kwargs,
-                                   tokenizer=self.tokenizer, max_new_tokens=params.max_new_tokens,
-                                   **sampling, **dict(params.extra))
+            result = driver.decode(
+                ids,
+                mask,
+                rollout=rollout,
+                runtime_kwargs=runtime_kwargs,
+                tokenizer=self.tokenizer,
+                max_new_tokens=params.max_new_tokens,
+                **sampling,
+                **dict(params.extra),
+            )
         sequences = result.sequences
         if sequences.shape[0] != ids.shape[0] or not torch.equal(sequences[:, : ids.shape[1]], ids):
-            raise RuntimeError(f"{type(driver).__name__}.decode must return the prompt rows followed by the continuation.")
-        return sequences[:, ids.shape[1]:], rolled
+            raise RuntimeError(
+                f"{type(driver).__name__}.decode must return the prompt rows followed by the continuation."
+            )
+        return sequences[:, ids.shape[1] :], rolled
 
-    def _hooks(self, ids: torch.Tensor, mask: torch.Tensor, params: GenerationParams,
-               runtime_kwargs: Mapping[str, Any]) -> list[HookSet]:
+    def _hooks(
+        self, ids: torch.Tensor, mask: torch.Tensor, params: GenerationParams, runtime_kwargs: Mapping[str, Any]
+    ) -> list[HookSet]:
         return [
             control.get_hooks(ids, runtime_kwargs, attention_mask=mask, model=self._backend.model, params=params)
             for control in self._enabled(self._sets.state)
         ]
 
-    def _step_controls(self, ids: torch.Tensor, mask: torch.Tensor, params: GenerationParams,
-                       runtime_kwargs: Mapping[str, Any]) -> tuple[list, list]:
+    def _step_controls(
+        self, ids: torch.Tensor, mask: torch.Tensor, params: GenerationParams, runtime_kwargs: Mapping[str, Any]
+    ) -> tuple[list, list]:
         processors: list = []
         criteria: list = []
         for control in self._enabled(self._sets.output):
@@ -485,8 +545,16 @@ class SteeringPipeline:
         return [c for c in controls if c.enabled]
 
     # ------------------------------------------------------------------ return phase
-    def _package(self, prompt: _Prompt, continuations: torch.Tensor, reasons: list, generated: int | None,
-                 params: GenerationParams, return_output: bool, full_sequence: bool) -> Any:
+    def _package(
+        self,
+        prompt: _Prompt,
+        continuations: torch.Tensor,
+        reasons: list,
+        generated: int | None,
+        params: GenerationParams,
+        return_output: bool,
+        full_sequence: bool,
+    ) -> Any:
         continuations = continuations.cpu()
         prompts = prompt.input_ids.cpu()
         per_prompt = continuations.shape[0] // prompts.shape[0]
@@ -495,7 +563,9 @@ class SteeringPipeline:
                 return Output(continuations, prompts, reasons, generated)
             shares = split_evenly(generated, continuations.shape[0])
             return [
-                Output(continuations[r : r + 1], prompts[r // per_prompt : r // per_prompt + 1], [reasons[r]], shares[r])
+                Output(
+                    continuations[r : r + 1], prompts[r // per_prompt : r // per_prompt + 1], [reasons[r]], shares[r]
+                )
                 for r in range(continuations.shape[0])
             ]
         if prompt.source == "input_ids":
@@ -534,8 +604,8 @@ def pad_left(rows: Sequence[Sequence[int]], pad_token_id: int | None) -> tuple[t
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for i, row in enumerate(rows):
         if row:
-            ids[i, width - len(row):] = torch.as_tensor(list(row), dtype=torch.long)
-            mask[i, width - len(row):] = 1
+            ids[i, width - len(row) :] = torch.as_tensor(list(row), dtype=torch.long)
+            mask[i, width - len(row) :] = 1
     return ids, mask
 
 

@@ -56,10 +56,20 @@ class FewShot(InputControl):
                         ) from None
 
     RUNTIME_KWARGS_SCHEMA = [
-        {"name": "positive_examples", "type": "list[dict]", "required": False, "scope": "call",
-         "help": "Positive examples for every row of the call (replaces the pool draw)."},
-        {"name": "negative_examples", "type": "list[dict]", "required": False, "scope": "call",
-         "help": "Negative examples for every row of the call (replaces the pool draw)."},
+        {
+            "name": "positive_examples",
+            "type": "list[dict]",
+            "required": False,
+            "scope": "call",
+            "help": "Positive examples for every row of the call (replaces the pool draw).",
+        },
+        {
+            "name": "negative_examples",
+            "type": "list[dict]",
+            "required": False,
+            "scope": "call",
+            "help": "Negative examples for every row of the call (replaces the pool draw).",
+        },
     ]
     supports_batching = True
 
@@ -84,9 +94,9 @@ class FewShot(InputControl):
             parts += [f"Example ({polarity}):\n{self.example_template.format(**e)}" for e in examples]
         return "\n\n".join(parts)
 
-    def adapt_messages(self, messages_batch: list[list[dict[str, str]]], runtime_kwargs: Mapping[str, Any]) -> (
-        list[list[dict[str, str]]]
-    ):
+    def adapt_messages(
+        self, messages_batch: list[list[dict[str, str]]], runtime_kwargs: Mapping[str, Any]
+    ) -> list[list[dict[str, str]]]:
         adapted = []
         for chat in messages_batch:
             block = self.block(_last_user(chat), runtime_kwargs)

@@ -32,9 +32,9 @@ class SystemPrompt(InputControl):
 
     supports_batching = True
 
-    def adapt_messages(self, messages_batch: list[list[dict[str, str]]], runtime_kwargs: Mapping[str, Any]) -> (
-        list[list[dict[str, str]]]
-    ):
+    def adapt_messages(
+        self, messages_batch: list[list[dict[str, str]]], runtime_kwargs: Mapping[str, Any]
+    ) -> list[list[dict[str, str]]]:
         return [merge_system(chat, self.text, self.mode, self.separator) for chat in messages_batch]
 
     def adapt(self, input_ids: torch.Tensor, runtime_kwargs: Mapping[str, Any]) -> list[list[int]]:

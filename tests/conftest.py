@@ -1,0 +1,56 @@
+"""Shared fixtures: offline environment, the tiny model, steered pipelines, and a GPU marker."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("INSPECT_DISPLAY", "none")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Tiny checkpoints built by references go to a per-session cache, not the user's home."""
+    os.environ["STEER_HYDRA_CACHE"] = str(tmp_path_factory.mktemp("steer_hydra_cache"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords or "vllm" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def tiny():
+    """A fresh `(model, tokenizer)` of the tiny chat model (fresh per test: controls may modify the model)."""
+    from steer_hydra.models import build_tiny_model
+
+    return build_tiny_model()
+
+
+@pytest.fixture
+def make_pipeline():
+    """Build and steer a pipeline on a fresh tiny model: `make_pipeline(controls, chat=True, **spec_fields)`."""
+    from steer_hydra.core import SteeringPipeline
+    from steer_hydra.models import TinySpec, build_tiny_model
+
+    built = []
+
+    def factory(controls=(), *, chat: bool = True, steer: bool = True, **spec_fields):
+        model, tokenizer = build_tiny_model(TinySpec(chat_template=chat, **spec_fields))
+        pipeline = SteeringPipeline(model=model, tokenizer=tokenizer, controls=list(controls), device="cpu")
+        built.append(pipeline)
+        return pipeline.steer() if steer else pipeline
+
+    yield factory
+    for pipeline in built:
+        pipeline.release()
