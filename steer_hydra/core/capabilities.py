@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 
-class Capability(str, enum.Enum):
+class Capability(enum.StrEnum):
     """What a backend can do; controls name the atoms they need in `requirements()`."""
 
     IN_PROCESS_TORCH = "in_process_torch"  # live nn.Module: hooks, attention functions, logits processors

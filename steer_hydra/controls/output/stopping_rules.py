@@ -1,4 +1,4 @@
-"""StoppingRules: stop texts, stop token ids and a token budget, lowered into the call so every backend enforces them."""
+"""StoppingRules: stop texts, stop token ids and a token budget, lowered into the call for every backend."""
 
 from __future__ import annotations
 
