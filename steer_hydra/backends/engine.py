@@ -1,0 +1,214 @@
+"""`TokenEngineBackend`: the shared half of the vLLM backends (client-side tokenizer, token-id rows, rollouts).
+
+An engine backend has no live `nn.Module`: the tokenizer runs here, prompts go to the engine as token ids
+(each row's real tokens only), every row is one request with its own sampling fields and seed, and the
+engine returns candidate token ids that come back as a right-padded `[rows * n, new]` tensor grouped by
+prompt. Subclasses implement `_open` (boot the engine or connect to the server), `_complete` (run one list of
+requests) and `_close`.
+
+What it can do is what it advertises: sampled rollouts (best-of-n) and serving a checkpoint. It cannot run
+hooks, attention edits, live logits processors or stopping criteria, hidden-state capture, or beam proposals;
+`SteeringPipeline.check()` refuses controls that need them before anything loads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from abc import abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from steer_hydra.backends.lowering import (
+    expand_candidates,
+    pad_continuations,
+    prompt_rows,
+    refuse_extra,
+    rollout_params,
+    rollout_seeds,
+    row_seeds,
+    sampling_fields,
+)
+from steer_hydra.core.backend import Backend
+from steer_hydra.core.capabilities import Capability
+from steer_hydra.core.params import GenerationParams
+from steer_hydra.models import resolve_model_reference
+
+logger = logging.getLogger(__name__)
+
+
+class TokenEngineBackend(Backend):
+    """Base of backends that generate on a vLLM engine (in this process or behind a server) from token ids."""
+
+    capabilities: ClassVar[frozenset[Capability]] = frozenset(
+        {Capability.SAMPLED_ROLLOUTS, Capability.SERVE_CHECKPOINT}
+    )
+    native_n: ClassVar[bool] = True
+    batches_distinct_seeds: ClassVar[bool] = True
+
+    def __init__(self, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(options)
+        self.model_path: str | None = None
+        self._rollout_seed: int | None = None
+        self._rollout_calls = 0
+        self._lock = threading.Lock()
+        self._generation_eos: list[int] = []
+
+    # ------------------------------------------------------------------ load
+    def load(
+        self,
+        *,
+        model_name_or_path: str | None,
+        tokenizer_name_or_path: str | None,
+        model: Any,
+        tokenizer: Any,
+        device_map: Any,
+        device: Any,
+        hf_model_kwargs: Mapping[str, Any],
+        trust_remote_code: bool,
+    ) -> None:
+        if model is not None:
+            raise ValueError(
+                f"backend={self.kind} generates with its own engine and cannot adopt a preloaded model= "
+                f"({type(model).__name__}). Fix: pass model_name_or_path= (save_pretrained a custom model first), "
+                "or use backend=huggingface."
+            )
+        if hf_model_kwargs:
+            logger.warning(
+                "hf_model_kwargs %s are not used by backend=%s; engine settings go in the backend options.",
+                sorted(hf_model_kwargs),
+                self.kind,
+            )
+        self.model_path = resolve_model_reference(model_name_or_path) if model_name_or_path else None
+        self.tokenizer = self._client_tokenizer(tokenizer, tokenizer_name_or_path, trust_remote_code)
+        self._generation_eos = _generation_config_eos(self.model_path)
+        self._open(model_name_or_path=model_name_or_path, trust_remote_code=trust_remote_code)
+
+    def _client_tokenizer(self, tokenizer: Any, tokenizer_name_or_path: str | None, trust_remote_code: bool) -> Any:
+        from steer_hydra.backends.huggingface import ensure_pad_token
+
+        if tokenizer is None:
+            source = tokenizer_name_or_path or self.model_path
+            if source is None:
+                raise ValueError(
+                    f"backend={self.kind} tokenizes prompts client-side and needs a tokenizer: pass tokenizer=, "
+                    "tokenizer_name_or_path= or model_name_or_path=."
+                )
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(
+                resolve_model_reference(source), trust_remote_code=trust_remote_code
+            )
+        ensure_pad_token(tokenizer)
+        return tokenizer
+
+    @abstractmethod
+    def _open(self, *, model_name_or_path: str | None, trust_remote_code: bool) -> None:
+        """Boot the engine or connect to the server (the tokenizer is loaded already)."""
+
+    @abstractmethod
+    def _complete(self, prompts: Sequence[list[int]], fields: Sequence[dict[str, Any]]) -> list[list[list[int]]]:
+        """Run one request per prompt row; return each row's candidates' token ids (index order)."""
+
+    @abstractmethod
+    def _close(self) -> None:
+        """Shut the engine down or close the connection pool; safe to call twice."""
+
+    # ------------------------------------------------------------------ generate
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        params: GenerationParams,
+        *,
+        seeds: Sequence[int | None],
+        logits_processors: Sequence[Any] = (),
+        stopping_criteria: Sequence[Any] = (),
+    ) -> torch.Tensor:
+        self._refuse_live(logits_processors, stopping_criteria)
+        refuse_extra(params, self.kind)
+        prompts = prompt_rows(input_ids.cpu(), attention_mask.cpu())
+        return self._run(prompts, params, row_seeds(params, seeds, len(prompts)))
+
+    def rollout(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        *,
+        logits_processors: Sequence[Any] = (),
+        stopping_criteria: Sequence[Any] = (),
+        stop_strings: Sequence[str] = (),
+        stop_token_ids: Sequence[int] = (),
+        **gen_kwargs: Any,
+    ) -> torch.Tensor:
+        """Prompt plus continuation rows for decoding drivers: sampled proposals (`num_return_sequences`, ...).
+
+        Seeded when the pipeline seeds the driver's decode (`seeded(seed)`): the k-th rollout's rows get
+        `derive_item_seed(seed, "rollout-k", row)`, so successive proposals differ and a rerun repeats them.
+        """
+        self._refuse_live(logits_processors, stopping_criteria)
+        params = rollout_params(
+            gen_kwargs, stop_strings=stop_strings, stop_token_ids=stop_token_ids, backend_kind=self.kind
+        )
+        prompts = prompt_rows(input_ids.cpu(), attention_mask.cpu())
+        with self._lock:
+            call, self._rollout_calls = self._rollout_calls, self._rollout_calls + 1
+            seed = self._rollout_seed
+        seeds = [None] * len(prompts) if params.greedy else rollout_seeds(seed, call, len(prompts))
+        continuations = self._run(prompts, params, seeds).to(input_ids.device)
+        return torch.cat([input_ids.repeat_interleave(params.n, 0), continuations], dim=1)
+
+    def _run(self, prompts: list[list[int]], params: GenerationParams, seeds: Sequence[int | None]) -> torch.Tensor:
+        fields = [sampling_fields(params, seed=seed) for seed in seeds]
+        candidates = self._complete(prompts, fields)
+        return pad_continuations(expand_candidates(candidates, params.n), self.tokenizer.pad_token_id)
+
+    def _refuse_live(self, logits_processors: Sequence[Any], stopping_criteria: Sequence[Any]) -> None:
+        live = [type(x).__name__ for x in (*logits_processors, *stopping_criteria)]
+        if live:
+            raise ValueError(
+                f"backend={self.kind} cannot run live logits processors or stopping criteria ({', '.join(live)}); "
+                "the output controls that produce them need in-process torch. Fix: use backend=huggingface, or "
+                "express stops through StoppingRules (lowered to the engine)."
+            )
+
+    @contextlib.contextmanager
+    def seeded(self, seed: int | None) -> Iterator[None]:
+        """Seed the driver's rollouts (and torch's RNG, for the driver's own draws) for the body."""
+        with self._lock:
+            previous, self._rollout_seed, self._rollout_calls = self._rollout_seed, seed, 0
+        try:
+            with super().seeded(seed):
+                yield
+        finally:
+            with self._lock:
+                self._rollout_seed = previous
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """The tokenizer's eos id plus the eos ids of the checkpoint's generation config (when it is local)."""
+        ids = super().eos_token_ids
+        return ids + [i for i in self._generation_eos if i not in ids]
+
+    def release(self) -> None:
+        self._close()
+        self.model = None
+
+
+def _generation_config_eos(model_path: str | None) -> list[int]:
+    """eos ids from `generation_config.json` next to a local checkpoint (nothing for hub ids or servers)."""
+    if model_path is None or not (Path(model_path) / "generation_config.json").exists():
+        return []
+    from transformers import GenerationConfig
+
+    try:
+        value = GenerationConfig.from_pretrained(model_path).eos_token_id
+    except (OSError, ValueError) as error:
+        logger.debug("No generation config eos ids from %s: %s", model_path, error)
+        return []
+    values = value if isinstance(value, (list, tuple)) else [value]
+    return [int(v) for v in values if v is not None]

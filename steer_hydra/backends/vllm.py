@@ -1,0 +1,93 @@
+"""`VLLMBackend` (kind `vllm`): generation on an offline `vllm.LLM` engine in this process, from token ids.
+
+vLLM is the optional extra `vllm` and is imported only when the engine boots, so `check()` and config
+validation work without it. Prompts go in as token ids (each row's real tokens), one `SamplingParams` per row
+(see `steer_hydra.backends.lowering` for the strict table); the engine batches all rows and their per-row
+seeds in one `LLM.generate` call. Options are `vllm.LLM` engine kwargs (`tensor_parallel_size`,
+`gpu_memory_utilization`, `max_model_len`, `dtype`, ...); a None value means "vLLM's default".
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from steer_hydra.backends.engine import TokenEngineBackend
+
+logger = logging.getLogger(__name__)
+
+INSTALL_HINT = "pip install 'steer_hydra[vllm]'"
+# Engine kwargs the backend sets itself from the pipeline.
+_OWNED = ("model", "tokenizer", "trust_remote_code", "skip_tokenizer_init")
+
+
+def import_vllm() -> Any:
+    """Import vllm, or raise ImportError naming the extra to install."""
+    try:
+        import vllm
+    except ImportError as error:
+        raise ImportError(
+            f"backend=vllm needs the vllm extra (a CUDA build of vLLM): {INSTALL_HINT}. "
+            "Without a GPU use backend=huggingface, or backend=vllm_serve against a running server."
+        ) from error
+    return vllm
+
+
+def engine_kwargs(options: Mapping[str, Any], *, model_path: str, trust_remote_code: bool) -> dict[str, Any]:
+    """`vllm.LLM(**kwargs)` from the backend options: None values dropped, model and tokenizer set here."""
+    owned = sorted(set(options) & set(_OWNED))
+    if owned:
+        raise ValueError(
+            f"backend=vllm options may not set {owned}: the pipeline owns them (model_name_or_path=, "
+            "tokenizer_name_or_path=, trust_remote_code=)."
+        )
+    kwargs = {k: v for k, v in options.items() if v is not None}
+    kwargs.update(model=model_path, tokenizer=model_path, trust_remote_code=trust_remote_code)
+    return kwargs
+
+
+class VLLMBackend(TokenEngineBackend):
+    """An offline vLLM engine: input controls, lowered stopping rules and sampled best-of-n run here."""
+
+    kind = "vllm"
+
+    def __init__(self, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(options)
+        self.engine: Any = None
+
+    def _open(self, *, model_name_or_path: str | None, trust_remote_code: bool) -> None:
+        if self.model_path is None:
+            raise ValueError("backend=vllm boots an engine from model_name_or_path=; none was given.")
+        kwargs = engine_kwargs(self.options, model_path=self.model_path, trust_remote_code=trust_remote_code)
+        vllm = import_vllm()
+        logger.info("Booting vLLM engine for %s with %s", self.model_path, kwargs)
+        self.engine = vllm.LLM(**kwargs)
+
+    def _complete(self, prompts: Sequence[list[int]], fields: Sequence[dict[str, Any]]) -> list[list[list[int]]]:
+        if self.engine is None:
+            raise RuntimeError("The vLLM engine is not running: call steer() (or load()) first.")
+        vllm = import_vllm()
+        sampling = [vllm.SamplingParams(**f) for f in fields]
+        requests = [{"prompt_token_ids": list(p)} for p in prompts]
+        results = self.engine.generate(requests, sampling, use_tqdm=False)
+        return [[list(c.token_ids) for c in sorted(r.outputs, key=lambda c: c.index)] for r in results]
+
+    def _close(self) -> None:
+        engine, self.engine = self.engine, None
+        if engine is None:
+            return
+        core = getattr(getattr(engine, "llm_engine", None), "engine_core", None)
+        shutdown = getattr(core, "shutdown", None)
+        if callable(shutdown):
+            try:
+                shutdown()
+            except Exception as error:  # best effort: the engine is being dropped either way
+                logger.warning("vLLM engine shutdown raised %r; continuing with release.", error)
+        del engine
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()

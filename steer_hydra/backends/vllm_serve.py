@@ -1,0 +1,314 @@
+"""`VLLMServeBackend` (kind `vllm-serve`): generation on a running vLLM (or OpenAI-compatible) completions server.
+
+Prompts are tokenized here and posted as token ids to `{base_url}/v1/completions`, one request per prompt
+row (`prompt` = the row's real token ids, `n` candidates, the row's seed), at most `max_concurrency` in
+flight per backend. Transport errors (connection refused or dropped, timeouts) are retried up to
+`max_retries` times with exponential backoff (`retry_backoff * 2**attempt` seconds); HTTP errors are never
+retried and raise `ServerError` carrying the server's own message.
+
+Token ids come back exactly through vLLM's `return_token_ids` request extension (vLLM >= 0.10.2 answers with
+`choices[i].token_ids`). A server that ignores it (an older vLLM, another OpenAI-compatible server) answers
+text only; then the text (requested with special tokens kept) is re-tokenized with the client tokenizer and
+the stop token the server reports (`stop_reason`, else eos on a `stop` finish) is appended. That fallback is
+logged once, since re-tokenized ids can differ from the generated ones at token boundaries.
+
+The API key is read from the environment variable named by `api_key_env` when the backend connects and is
+sent as `Authorization: Bearer ...`; it is never part of the options, the config or its digest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from steer_hydra.backends.engine import TokenEngineBackend
+
+logger = logging.getLogger(__name__)
+
+MISSING = "???"  # Hydra's marker for a required value left unset
+
+
+class ServerError(RuntimeError):
+    """The server answered a request with an HTTP error (never retried); carries its status and message."""
+
+    def __init__(self, status: int, message: str, url: str) -> None:
+        super().__init__(f"Server at {url} answered HTTP {status}: {message}")
+        self.status = status
+        self.message = message
+        self.url = url
+
+
+class ServerUnavailableError(ConnectionError):
+    """Every attempt of a request failed in transport (connection refused or dropped, timeout)."""
+
+
+_NUMERIC = (
+    ("request_timeout", float, "> 0 seconds", lambda v: v > 0),
+    ("max_concurrency", int, ">= 1", lambda v: v >= 1),
+    ("max_retries", int, ">= 0", lambda v: v >= 0),
+    ("retry_backoff", float, ">= 0 seconds", lambda v: v >= 0),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ServeOptions:
+    """Options of `backend=vllm_serve` (the Hydra `backend.options` mapping).
+
+    Attributes:
+        base_url: the server root, e.g. `http://localhost:8000` (a trailing `/v1` is accepted).
+        api_key_env: name of the environment variable holding the API key (unset variable: no auth header).
+        model: the served model name; None asks `/v1/models` (the only model, or `model_name_or_path`).
+        request_timeout: seconds per HTTP request (connect, read, write).
+        max_concurrency: requests in flight at once from this backend.
+        max_retries: extra attempts after a transport error (HTTP errors are not retried).
+        retry_backoff: seconds before the first retry; doubles for each further one.
+    """
+
+    base_url: str
+    api_key_env: str | None = "VLLM_API_KEY"
+    model: str | None = None
+    request_timeout: float = 120.0
+    max_concurrency: int = 8
+    max_retries: int = 3
+    retry_backoff: float = 0.5
+
+    @classmethod
+    def from_mapping(cls, options: Mapping[str, Any]) -> ServeOptions:
+        """Validate `options`, naming any unknown or bad field and the fix."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        if "api_key" in options:
+            raise ValueError(
+                "backend=vllm_serve does not take api_key in its options (it would land in the config, logs and "
+                "W&B). Fix: export the key in an environment variable and set api_key_env to its name "
+                "(default VLLM_API_KEY)."
+            )
+        unknown = sorted(set(options) - set(names))
+        if unknown:
+            raise ValueError(f"Unknown backend=vllm_serve option(s) {unknown}; valid options: {names}.")
+        base_url = options.get("base_url")
+        if base_url in (None, "", MISSING):
+            raise ValueError(
+                "backend=vllm_serve needs options.base_url, the server root (e.g. http://localhost:8000). "
+                "Fix: pass backend.options.base_url=http://HOST:PORT (Hydra) or options={'base_url': ...}."
+            )
+        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"backend=vllm_serve options.base_url must be an http(s) URL; got {base_url!r}.")
+        values = {k: options[k] for k in names if k in options}
+        values["base_url"] = normalize_base_url(base_url)
+        for name, kind, rule, ok in _NUMERIC:
+            if name not in values:
+                continue
+            raw = values[name]
+            try:
+                if isinstance(raw, bool):
+                    raise TypeError
+                values[name] = kind(raw)
+            except (TypeError, ValueError):
+                raise ValueError(f"backend=vllm_serve options.{name} must be a number {rule}; got {raw!r}.") from None
+            if not ok(values[name]):
+                raise ValueError(f"backend=vllm_serve options.{name} must be {rule}; got {raw!r}.")
+        for name in ("api_key_env", "model"):
+            if values.get(name) is not None and not isinstance(values[name], str):
+                raise ValueError(f"backend=vllm_serve options.{name} must be a string or null; got {values[name]!r}.")
+        parsed = cls(**values)
+        return parsed
+
+
+def normalize_base_url(url: str) -> str:
+    """The server root without a trailing slash or `/v1` (paths below are written `/v1/...`)."""
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def completion_body(prompt: Sequence[int], fields: Mapping[str, Any], *, model: str) -> dict[str, Any]:
+    """The JSON body of one `/v1/completions` request for one prompt row (token ids, sampling fields)."""
+    return {
+        "model": model,
+        "prompt": [int(t) for t in prompt],
+        **fields,
+        "stream": False,
+        "skip_special_tokens": False,
+        "spaces_between_special_tokens": False,
+        "return_token_ids": True,
+    }
+
+
+def server_message(response: Any) -> str:
+    """The error message in an error response (OpenAI `{"error": {"message"}}`, vLLM `{"message"}`, or text)."""
+    try:
+        payload = response.json()
+    except ValueError:
+        return response.text.strip() or response.reason_phrase
+    if isinstance(payload, Mapping):
+        error = payload.get("error")
+        if isinstance(error, Mapping) and error.get("message"):
+            return str(error["message"])
+        if isinstance(error, str):
+            return error
+        for key in ("message", "detail"):
+            if payload.get(key):
+                return str(payload[key])
+    return str(payload)
+
+
+def ids_from_choice(choice: Mapping[str, Any], tokenizer: Any) -> list[int]:
+    """A completion choice's token ids: exact `token_ids` when present, else the re-tokenized text plus its stop."""
+    if choice.get("token_ids") is not None:
+        return [int(t) for t in choice["token_ids"]]
+    text = choice.get("text") or ""
+    ids = list(tokenizer.encode(text, add_special_tokens=False))
+    if choice.get("finish_reason") != "stop":
+        return ids
+    reason = choice.get("stop_reason")
+    if isinstance(reason, int) and not isinstance(reason, bool):
+        tail = [reason]
+    elif isinstance(reason, str):
+        tail = [] if text.endswith(reason) else list(tokenizer.encode(reason, add_special_tokens=False))
+    else:
+        tail = [] if tokenizer.eos_token_id is None else [int(tokenizer.eos_token_id)]
+    if tail and ids[-len(tail) :] != tail:
+        ids += tail
+    return ids
+
+
+class VLLMServeBackend(TokenEngineBackend):
+    """A vLLM OpenAI-compatible server: input controls, lowered stopping rules and sampled best-of-n run there.
+
+    Attributes after `load()`: `served_model` (the name sent as `model`), `retries` (transport retries so far).
+    """
+
+    kind = "vllm-serve"
+
+    def __init__(self, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(options)
+        self.settings = ServeOptions.from_mapping(self.options)
+        self.served_model: str | None = None
+        self.retries = 0
+        self._client: Any = None
+        self._fallback_warned = False
+        self._count_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ connection
+    def _open(self, *, model_name_or_path: str | None, trust_remote_code: bool) -> None:
+        import httpx
+
+        settings = self.settings
+        headers = {"Content-Type": "application/json"}
+        if settings.api_key_env:
+            key = os.environ.get(settings.api_key_env)
+            if key:
+                headers["Authorization"] = f"Bearer {key}"
+            else:
+                logger.debug("%s is not set; requests go without an API key.", settings.api_key_env)
+        self._client = httpx.Client(
+            base_url=settings.base_url,
+            headers=headers,
+            timeout=httpx.Timeout(settings.request_timeout),
+            limits=httpx.Limits(
+                max_connections=settings.max_concurrency, max_keepalive_connections=settings.max_concurrency
+            ),
+        )
+        try:
+            self.served_model = settings.model or self._discover_model(model_name_or_path)
+        except BaseException:
+            self._close()
+            raise
+        logger.info("backend=vllm_serve: %s serving %r", settings.base_url, self.served_model)
+
+    def _discover_model(self, model_name_or_path: str | None) -> str:
+        payload = self._request("GET", "/v1/models")
+        ids = [str(m.get("id")) for m in payload.get("data", []) if isinstance(m, Mapping)]
+        if len(ids) == 1:
+            return ids[0]
+        if model_name_or_path in ids:
+            return str(model_name_or_path)
+        raise ValueError(
+            f"The server at {self.settings.base_url} serves {ids or 'no models'}; cannot tell which to use. "
+            "Fix: set backend option model= to one of them."
+        )
+
+    def _close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+    def _request(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """One HTTP request; transport errors retried with backoff, HTTP errors raised at once."""
+        import httpx
+
+        if self._client is None:
+            raise RuntimeError("backend=vllm_serve is not connected: call steer() (or load()) first.")
+        settings = self.settings
+        url = f"{settings.base_url}{path}"
+        for attempt in range(settings.max_retries + 1):
+            try:
+                response = self._client.request(method, path, json=body)
+            except httpx.TransportError as error:
+                if attempt == settings.max_retries:
+                    raise ServerUnavailableError(
+                        f"{method} {url} failed in transport {attempt + 1} time(s) (last: {type(error).__name__}: "
+                        f"{error}). Fix: check that the server is up at base_url, or raise request_timeout / "
+                        "max_retries."
+                    ) from error
+                delay = settings.retry_backoff * 2**attempt
+                with self._count_lock:
+                    self.retries += 1
+                logger.warning(
+                    "%s %s: %s (%s); retry %d/%d in %.2fs",
+                    method,
+                    url,
+                    type(error).__name__,
+                    error,
+                    attempt + 1,
+                    settings.max_retries,
+                    delay,
+                )
+                time.sleep(delay)
+                continue
+            if response.status_code >= 400:
+                raise ServerError(response.status_code, server_message(response), url)
+            try:
+                payload = response.json()
+            except ValueError:
+                raise ServerError(response.status_code, f"not JSON: {response.text[:200]!r}", url) from None
+            if not isinstance(payload, dict):
+                raise ServerError(response.status_code, f"expected a JSON object; got {payload!r}", url)
+            return payload
+        raise AssertionError("unreachable")
+
+    # ------------------------------------------------------------------ completions
+    def _complete(self, prompts: Sequence[list[int]], fields: Sequence[dict[str, Any]]) -> list[list[list[int]]]:
+        if len(prompts) == 1:
+            return [self._complete_one(prompts[0], fields[0])]
+        workers = min(self.settings.max_concurrency, len(prompts))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vllm-serve") as pool:
+            futures = [pool.submit(self._complete_one, p, f) for p, f in zip(prompts, fields, strict=True)]
+            try:
+                return [future.result() for future in futures]
+            except BaseException:
+                for future in futures:
+                    future.cancel()
+                raise
+
+    def _complete_one(self, prompt: list[int], fields: dict[str, Any]) -> list[list[int]]:
+        payload = self._request("POST", "/v1/completions", completion_body(prompt, fields, model=self.served_model))
+        choices = sorted(payload.get("choices") or [], key=lambda c: c.get("index", 0))
+        if len(choices) != fields["n"]:
+            raise ServerError(
+                200, f"expected {fields['n']} choices, got {len(choices)}", f"{self.settings.base_url}/v1/completions"
+            )
+        if any(c.get("token_ids") is None for c in choices) and not self._fallback_warned:
+            self._fallback_warned = True
+            logger.warning(
+                "The server at %s returned no token_ids (vLLM's return_token_ids extension); re-tokenizing the "
+                "returned text client-side, which can differ from the generated ids at token boundaries.",
+                self.settings.base_url,
+            )
+        return [ids_from_choice(c, self.tokenizer) for c in choices]
