@@ -1,5 +1,25 @@
 """Output controls: stopping rules, logits processors and decoding drivers (search, reranking)."""
 
+from steer_hydra.controls.output.best_of_n import BestOfN
+from steer_hydra.controls.output.deal import DeAL
+from steer_hydra.controls.output.search import (
+    Candidate,
+    Frontier,
+    SampleSequenceScorer,
+    SearchDriver,
+    SearchTrace,
+    SegmentProposer,
+)
 from steer_hydra.controls.output.stopping_rules import StoppingRules
 
-__all__ = ["StoppingRules"]
+__all__ = [
+    "BestOfN",
+    "Candidate",
+    "DeAL",
+    "Frontier",
+    "SampleSequenceScorer",
+    "SearchDriver",
+    "SearchTrace",
+    "SegmentProposer",
+    "StoppingRules",
+]
