@@ -1,1 +1,8 @@
 """State controls: hooks on attention and the residual stream during a call (PASTA, CAA, ActAdd)."""
+
+from steer_hydra.controls.state.actadd import ActAdd
+from steer_hydra.controls.state.caa import CAA
+from steer_hydra.controls.state.pasta import PASTA
+from steer_hydra.controls.state.vectors import SteeringVector
+
+__all__ = ["CAA", "PASTA", "ActAdd", "SteeringVector"]

@@ -1,0 +1,276 @@
+"""CAA (Panickssery et al. 2023): add `multiplier * v` to one decoder layer's output after the prompt.
+
+The steering vector is given (a `SteeringVector`, a tensor, or the path of a saved vector) or fitted at
+`steer()` on the live model from contrastive pairs: the mean difference of the layer's output at the last
+(answer) token between positive and negative completions. At generate time a forward pre-hook on the layer
+reads how many positions its KV cache already holds (the absolute column of the first hidden state in this
+forward) and a forward hook adds the vector to the positions in the token scope:
+- `after_prompt`: columns >= the padded prompt length (no prompt position; every generated token);
+- `all`: every column; `last_k`: columns >= prompt length - `last_k` (the prompt's last k tokens and after).
+Rows are left-packed, so one column threshold is right for every row of a batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from steer_hydra.controls.state.residual import (
+    capture_layer,
+    check_hidden_size,
+    normalized,
+    output_hidden,
+    past_length,
+    preserve_norm,
+    with_output_hidden,
+)
+from steer_hydra.controls.state.vectors import SteeringVector
+from steer_hydra.core.capabilities import Capability
+from steer_hydra.core.controls import BaseArgs, HookSet, StateControl
+from steer_hydra.core.layout import ModelLayout, resolve_layout
+from steer_hydra.core.pipeline import pad_left
+from steer_hydra.core.rendering import has_chat_template
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_DEPTH = 0.4
+_PROMPT_KEYS = ("prompt", "question")
+
+
+class CAA(StateControl):
+    """Contrastive activation addition (arXiv 2312.06681) at one decoder layer's output.
+
+    Args:
+        steering_vector: a `SteeringVector`, a `[hidden]` tensor, or the path of a vector saved with
+            `SteeringVector.save` (exactly one of this and `data`).
+        data: contrastive pairs `{"prompt": ..., "positive": ..., "negative": ...}` (the prompt is optional);
+            the vector is their mean difference at `layer_id`, fitted at `steer()`.
+        layer_id: decoder layer (default: the vector's own layer, else 40% of the depth).
+        multiplier: scale of the added vector (negative values suppress the behaviour).
+        token_scope: `after_prompt`, `all` or `last_k` (with `last_k`).
+        normalize_vector: use the unit vector (the multiplier is then the added norm).
+        use_norm_preservation: rescale each steered hidden state back to its original norm.
+        prompt_format: `chat` renders a pair's prompt with the chat template (when the tokenizer has one),
+            `text` concatenates prompt and answer.
+        batch_size: pairs per forward when fitting.
+    """
+
+    @dataclass(frozen=True)
+    class Args(BaseArgs):
+        steering_vector: SteeringVector | torch.Tensor | str | os.PathLike | None = None
+        data: Sequence[Mapping[str, Any]] | None = None
+        layer_id: int | None = None
+        multiplier: float = 1.0
+        token_scope: Literal["after_prompt", "all", "last_k"] = "after_prompt"
+        last_k: int | None = None
+        normalize_vector: bool = False
+        use_norm_preservation: bool = False
+        prompt_format: Literal["chat", "text"] = "chat"
+        batch_size: int = 8
+
+        def validate(self) -> None:
+            if (self.steering_vector is None) == (self.data is None):
+                raise ValueError(
+                    "CAA needs exactly one of steering_vector= (a vector or a saved file) and data= (contrastive "
+                    f"pairs to fit one); got {'both' if self.data is not None else 'neither'}."
+                )
+            if self.data is not None:
+                validate_pairs(self.data, "CAA.data")
+            if self.layer_id is not None and self.layer_id < 0:
+                raise ValueError(f"CAA.layer_id must be >= 0 (a decoder layer index); got {self.layer_id}.")
+            if not math.isfinite(self.multiplier):
+                raise ValueError(f"CAA.multiplier must be finite; got {self.multiplier!r}.")
+            if self.token_scope == "last_k" and (self.last_k is None or self.last_k < 1):
+                raise ValueError(f"CAA.last_k must be an int >= 1 with token_scope='last_k'; got {self.last_k!r}.")
+            if self.token_scope != "last_k" and self.last_k is not None:
+                raise ValueError(
+                    f"CAA.last_k={self.last_k} is only used with token_scope='last_k'; "
+                    f"got token_scope={self.token_scope!r}. Drop last_k or set token_scope='last_k'."
+                )
+            if self.batch_size < 1:
+                raise ValueError(f"CAA.batch_size must be >= 1; got {self.batch_size}.")
+
+    supports_batching = True
+
+    def _configure(self) -> None:
+        self._layout: ModelLayout | None = None
+        self._layer: int | None = None
+        self._vector: SteeringVector | None = None
+        self._direction: torch.Tensor | None = None
+        self._deltas: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+    def requirements(self) -> frozenset[Capability]:
+        needs = {Capability.IN_PROCESS_TORCH}
+        if self.data is not None:
+            needs.add(Capability.HIDDEN_CAPTURE)
+        return frozenset(needs)
+
+    # ------------------------------------------------------------------ provenance
+    @property
+    def vector(self) -> SteeringVector | None:
+        """The steering vector in use (given or fitted), before normalisation and multiplier; None before steer."""
+        return self._vector
+
+    @property
+    def vector_hash(self) -> str | None:
+        """`content_hash` of the steering vector in use (None before a fitted vector exists)."""
+        return self._vector.content_hash if self._vector is not None else None
+
+    @property
+    def layer(self) -> int | None:
+        """The decoder layer steered (resolved at `steer()`)."""
+        return self._layer
+
+    # ------------------------------------------------------------------ steer
+    def steer(self, model: torch.nn.Module | None, tokenizer: Any = None, **kwargs: Any) -> None:
+        if model is None:
+            raise RuntimeError("CAA needs the live model in this process; use backend=huggingface.")
+        layout = resolve_layout(model)
+        given = None
+        if self.steering_vector is not None:
+            given = SteeringVector.coerce(self.steering_vector, field_name="CAA.steering_vector")
+        layer = self.layer_id
+        if layer is None:
+            fitted_at = given.layer if given is not None else None
+            layer = fitted_at if fitted_at is not None else layout.default_layer(DEFAULT_DEPTH)
+        if not 0 <= layer < layout.num_layers:
+            raise ValueError(
+                f"CAA.layer_id={layer} is out of range; the model has {layout.num_layers} layers "
+                f"(0..{layout.num_layers - 1})."
+            )
+        if given is None:
+            tokenizer = tokenizer if tokenizer is not None else self.tokenizer
+            if tokenizer is None:
+                raise ValueError("CAA needs a tokenizer to fit from data=; pass one to steer().")
+            given = fit_mean_difference(model, tokenizer, layout, layer, self.data, self.prompt_format, self.batch_size)
+        direction = given.tensor
+        if direction.dim() == 2 and direction.shape[0] == 1:
+            direction = direction[0]
+        if direction.dim() != 1:
+            raise ValueError(
+                f"CAA.steering_vector must be one direction [hidden]; got shape {tuple(given.shape)}. "
+                "Positional [positions, hidden] blocks belong to ActAdd."
+            )
+        check_hidden_size(direction, layout.hidden_size, "CAA.steering_vector")
+        direction = direction.float()
+        self._direction = normalized(direction) if self.normalize_vector else direction
+        self._vector, self._layout, self._layer = given, layout, layer
+        self._deltas.clear()
+        logger.info("CAA at layer %d, vector %s", layer, given.content_hash[:12])
+        return None
+
+    def cleanup(self) -> None:
+        self._deltas.clear()
+
+    # ------------------------------------------------------------------ per call
+    def get_hooks(self, input_ids: torch.Tensor, runtime_kwargs: Mapping[str, Any], **kwargs: Any) -> HookSet:
+        if self._layout is None or self._direction is None or self._layer is None:
+            raise RuntimeError("CAA.get_hooks called before steer(); steer the pipeline first.")
+        if self.multiplier == 0:
+            return {}
+        prompt_len = input_ids.shape[1]
+        threshold = {"after_prompt": prompt_len, "all": 0, "last_k": max(prompt_len - (self.last_k or 0), 0)}[
+            self.token_scope
+        ]
+        layer_index, preserve = self._layer, self.use_norm_preservation
+        state = {"start": 0}
+
+        def read_start(module: torch.nn.Module, args: tuple, hook_kwargs: dict) -> None:
+            state["start"] = past_length(hook_kwargs, layer_index)
+
+        def add_vector(module: torch.nn.Module, args: tuple, hook_kwargs: dict, output: Any) -> Any:
+            hidden = output_hidden(output)
+            first = max(threshold - state["start"], 0)
+            if first >= hidden.shape[1]:
+                return None
+            delta = self._delta(hidden)
+            tail = hidden[:, first:]
+            steered = tail + delta
+            if preserve:
+                steered = preserve_norm(tail, steered)
+            if first:
+                steered = torch.cat([hidden[:, :first], steered], dim=1)
+            return with_output_hidden(output, steered)
+
+        path = self._layout.layer_path(self._layer)
+        return {
+            "pre": [{"module": path, "hook_func": read_start}],
+            "forward": [{"module": path, "hook_func": add_vector}],
+        }
+
+    def _delta(self, hidden: torch.Tensor) -> torch.Tensor:
+        key = (hidden.device, hidden.dtype)
+        delta = self._deltas.get(key)
+        if delta is None:
+            delta = (self.multiplier * self._direction).to(device=hidden.device, dtype=hidden.dtype)
+            self._deltas[key] = delta
+        return delta
+
+
+# ---------------------------------------------------------------------- fitting
+def validate_pairs(pairs: Sequence[Mapping[str, Any]], field_name: str) -> None:
+    """Raise ValueError naming the first malformed contrastive pair."""
+    if not pairs:
+        raise ValueError(f"{field_name} is empty; give at least one contrastive pair.")
+    for i, pair in enumerate(pairs):
+        if not isinstance(pair, Mapping):
+            raise ValueError(f"{field_name}[{i}] must be a mapping with 'positive' and 'negative'; got {pair!r}.")
+        for key in ("positive", "negative"):
+            if not isinstance(pair.get(key), str) or not pair[key]:
+                raise ValueError(f"{field_name}[{i}] needs a non-empty string {key!r}; got {pair.get(key)!r}.")
+        prompt = next((pair[k] for k in _PROMPT_KEYS if k in pair), None)
+        if prompt is not None and not isinstance(prompt, str):
+            raise ValueError(f"{field_name}[{i}] prompt must be a string; got {prompt!r}.")
+
+
+def render_pair_side(tokenizer: Any, pair: Mapping[str, Any], side: str, prompt_format: str) -> list[int]:
+    """Token ids of one side of a pair: the prompt (chat-templated when asked and possible) plus the answer."""
+    prompt = next((pair[k] for k in _PROMPT_KEYS if pair.get(k) is not None), None)
+    answer = pair[side]
+    if prompt is not None and prompt_format == "chat" and has_chat_template(tokenizer):
+        head = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+        )
+        return list(tokenizer(head + answer, add_special_tokens=False)["input_ids"])
+    text = answer if prompt is None else prompt + answer
+    return list(tokenizer(text)["input_ids"])
+
+
+def fit_mean_difference(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    layout: ModelLayout,
+    layer: int,
+    pairs: Sequence[Mapping[str, Any]],
+    prompt_format: str,
+    batch_size: int,
+) -> SteeringVector:
+    """Mean over pairs of (positive - negative) layer-`layer` outputs at each side's last token, in float32."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    sides = {}
+    for side in ("positive", "negative"):
+        rows = [render_pair_side(tokenizer, pair, side, prompt_format) for pair in pairs]
+        batches = []
+        for start in range(0, len(rows), batch_size):
+            ids, mask = pad_left(rows[start : start + batch_size], pad)
+            batches.append({"input_ids": ids, "attention_mask": mask})
+        last = capture_layer(
+            model, layout.layer_path(layer), batches, boundary="output", reduce=lambda h, m: h[:, -1, :]
+        )
+        sides[side] = torch.cat(last, dim=0).mean(dim=0)
+    vector = (sides["positive"] - sides["negative"]).cpu()
+    metadata = {
+        "method": "mean_diff",
+        "accumulate": "last_token",
+        "location": "layer_output",
+        "pairs": len(pairs),
+        "prompt_format": prompt_format,
+        "model": str(getattr(getattr(model, "config", None), "_name_or_path", "") or ""),
+    }
+    return SteeringVector(vector, layer, metadata)
