@@ -64,7 +64,7 @@ class LoopbackCompletionsServer:
         self.max_in_flight = 0
         self._in_flight = 0
         self._faults: list[tuple[str, Any]] = []
-        self._state = threading.Lock()
+        self._state = threading.Condition()
         self._generate = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -115,6 +115,18 @@ class LoopbackCompletionsServer:
         """The next `count` completion requests wait `seconds` before being served."""
         with self._state:
             self._faults.extend([("stall", seconds)] * count)
+
+    def reset(self) -> None:
+        """Forget recorded requests, pending faults and the concurrency peak."""
+        with self._state:
+            self.requests.clear()
+            self._faults.clear()
+            self.max_in_flight = 0
+
+    def wait_idle(self, timeout: float = 10.0) -> bool:
+        """Wait until no completion request is being served (e.g. one a client gave up on); False on timeout."""
+        with self._state:
+            return self._state.wait_for(lambda: self._in_flight == 0, timeout=timeout)
 
     def completion_requests(self) -> list[RecordedRequest]:
         """The recorded `POST /v1/completions` requests, in arrival order."""
@@ -291,15 +303,20 @@ class _Handler(BaseHTTPRequestHandler):
                 time.sleep(fault[1])
             if not isinstance(body, dict):
                 raise BadRequest("The request body must be a JSON object.")
-            self._send(200, self.owner.complete(body))
+            answer: tuple[int, Any] = (200, self.owner.complete(body))
         except BadRequest as error:
-            self._error(400, str(error))
+            answer = (400, str(error))
         except Exception as error:  # a server answers errors; the client surfaces the message
             logger.exception("loopback completion failed")
-            self._error(500, f"{type(error).__name__}: {error}")
+            answer = (500, f"{type(error).__name__}: {error}")
         finally:
-            with self.owner._state:
+            with self.owner._state:  # before answering: the client may send its next request at once
                 self.owner._in_flight -= 1
+                self.owner._state.notify_all()
+        if answer[0] == 200:
+            self._send(*answer)
+        else:
+            self._error(*answer)
 
 
 def _prompts(prompt: Any, tokenizer: Any) -> list[list[int]]:
@@ -307,9 +324,13 @@ def _prompts(prompt: Any, tokenizer: Any) -> list[list[int]]:
         return [tokenizer.encode(prompt)]
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
         return [list(prompt)]
-    if isinstance(prompt, list) and prompt and all(isinstance(p, list) and p for p in prompt):
-        if all(isinstance(t, int) for p in prompt for t in p):
-            return [list(p) for p in prompt]
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(p, list) and p for p in prompt)
+        and all(isinstance(t, int) for p in prompt for t in p)
+    ):
+        return [list(p) for p in prompt]
     raise BadRequest(f"prompt must be a string, a non-empty list of token ids or a list of those; got {prompt!r}")
 
 
