@@ -1,0 +1,378 @@
+"""`SteeringEval`: every configuration x trial x suite, one steered pipeline at a time, resumable from the logs.
+
+Invariants:
+- every configuration is preflighted (`check()`) before any model loads;
+- one pipeline is built, steered and released per configuration (`PipelineFactory.steered`), even when a suite
+  fails; the shared base model is freed at the end of `run()`;
+- each (configuration, trial) gets one seed (`derive_trial_seed`), handed to the provider as `base_seed`;
+- each (configuration, trial, suite) cell has its own log directory
+  `save_dir/inspect_logs/<config_id>/trial_<t>/<suite>/`; the `.eval` logs there are the record of the run and
+  the only checkpoint: re-running into the same `save_dir` completes only missing samples (a changed protocol
+  needs a new `save_dir`);
+- Inspect is not imported here at module level: frames read the logs lazily.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import logging
+import tempfile
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from tqdm.auto import tqdm
+
+from steer_hydra.core.identity import derive_trial_seed, model_fingerprint
+from steer_hydra.core.rendering import has_chat_template
+from steer_hydra.core.sweeps import PipelineFactory, expand_configurations, preflight
+from steer_hydra.evaluation.frames import (
+    attach_params,
+    paired_deltas,
+    results_frame,
+    runs_frame,
+    samples_frame,
+    summarize_runs,
+)
+from steer_hydra.evaluation.suite import InspectSuite
+
+logger = logging.getLogger(__name__)
+
+ON_UNSUPPORTED = ("raise", "skip")
+
+__all__ = [
+    "SteeringEval",
+    "paired_deltas",
+    "runs_frame",
+    "samples_frame",
+    "summarize_runs",
+]
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+class SteeringEval:
+    """Evaluate steering configurations (fixed controls, `ControlSpec` sweeps, the empty baseline) on suites.
+
+    Args:
+        pipelines: `{name: [] | [Control, ...] | [ControlSpec, ...]}`; `[]` is the baseline arm.
+        base_model_name_or_path: the model every configuration starts from (e.g. `steer_hydra:tiny`).
+        suites: `InspectSuite`s with distinct names.
+        backend, fit, hf_model_kwargs, device_map, trust_remote_code: how pipelines are built.
+        num_trials: repetitions of every (configuration, suite); each trial has its own seed and log directory.
+        seed: base seed; trial seeds are `derive_trial_seed(seed, config_id, trial)`. None: unseeded.
+        provider_options: `ProviderOptions` for the Inspect provider (static runtime kwargs, batch size...).
+        generate_defaults: generation settings for every suite (a suite's `generate_overrides` win).
+        on_unsupported: "raise" (one error listing every unsupported configuration) or "skip" (warn, run the rest).
+        save_dir: where logs go (`save_dir/inspect_logs/...`); re-running into it resumes. None: a temporary
+            directory (not resumable).
+        progress: draw a tqdm bar over the cells.
+        display: Inspect's display inside each cell ("none", "plain", ...).
+    """
+
+    def __init__(
+        self,
+        pipelines: Mapping[str, Sequence[Any]],
+        base_model_name_or_path: str | None,
+        suites: Sequence[InspectSuite],
+        *,
+        backend: Any = None,
+        fit: str = "auto",
+        hf_model_kwargs: Mapping[str, Any] | None = None,
+        device_map: Any = "auto",
+        trust_remote_code: bool = False,
+        num_trials: int = 1,
+        seed: int | None = None,
+        provider_options: Any = None,
+        generate_defaults: Mapping[str, Any] | None = None,
+        on_unsupported: str = "raise",
+        save_dir: str | Path | None = None,
+        progress: bool = True,
+        display: str = "none",
+    ) -> None:
+        if not isinstance(pipelines, Mapping):
+            raise TypeError(
+                "pipelines must be a dict {name: [controls] | [ControlSpec, ...] | []}; "
+                f"got {type(pipelines).__name__}."
+            )
+        if isinstance(num_trials, bool) or not isinstance(num_trials, int) or num_trials < 1:
+            raise ValueError(f"num_trials must be an integer >= 1; got {num_trials!r}.")
+        if on_unsupported not in ON_UNSUPPORTED:
+            raise ValueError(f"on_unsupported must be one of {ON_UNSUPPORTED}; got {on_unsupported!r}.")
+        if isinstance(suites, InspectSuite):
+            suites = [suites]
+        suites = list(suites or [])
+        if not suites:
+            raise ValueError("suites is empty; pass at least one InspectSuite.")
+        names = [s.name for s in suites]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"Suite names must be distinct (they name log directories); repeated: {duplicates}.")
+        self.pipelines = dict(pipelines)
+        self.base_model_name_or_path = base_model_name_or_path
+        self.suites = suites
+        self.backend = backend
+        self.fit = fit
+        self.hf_model_kwargs = dict(hf_model_kwargs or {})
+        self.device_map = device_map
+        self.trust_remote_code = trust_remote_code
+        self.num_trials = num_trials
+        self.seed = seed
+        self.provider_options = provider_options
+        self.generate_defaults = dict(generate_defaults or {})
+        self.on_unsupported = on_unsupported
+        self.save_dir = save_dir
+        self.progress = progress
+        self.display = display
+        self._results: dict[str, list[dict[str, Any]]] | None = None
+        self._log_root: Path | None = None
+        self._params_by_config: dict[str, Mapping[str, Mapping[str, Any]]] = {}
+
+    # ------------------------------------------------------------------------------------------ run
+    def run(self) -> dict[str, list[dict[str, Any]]]:
+        """Evaluate every configuration x trial x suite; returns `{pipeline name: [run record, ...]}`.
+
+        A run record holds `trial_id`, `seed`, `config_id`, `params`, `suites` (`{suite: {task: {"metrics",
+        "n", "log"}}}`, logs relative to `save_dir`) and `provenance`.
+        """
+        points = expand_configurations(self.pipelines, self.base_model_name_or_path)
+        reports = preflight(
+            points,
+            base_model_name_or_path=self.base_model_name_or_path,
+            backend=self.backend,
+            hf_model_kwargs=self.hf_model_kwargs,
+        )
+        bad = [r for r in reports if not r.ok]
+        if bad and self.on_unsupported == "raise":
+            lines = [f"  - {r.point.pipeline_name} [{r.point.config_id}]: {m}" for r in bad for m in r.failures]
+            raise RuntimeError(
+                "Unsupported pipeline configuration(s):\n"
+                + "\n".join(lines)
+                + "\nFix the configurations, or pass on_unsupported='skip' to run the others."
+            )
+        for report in bad:
+            logger.warning(
+                "Skipping unsupported configuration: %s [%s]: %s",
+                report.point.pipeline_name,
+                report.point.config_id,
+                "; ".join(report.failures),
+            )
+        active = [r for r in reports if r.ok]
+        self._warn_protocol(active)
+
+        if self.save_dir is None:
+            root = Path(tempfile.mkdtemp(prefix="steering-eval-"))
+            logger.info("No save_dir given: logs go to %s; this run is not resumable.", root)
+        else:
+            root = Path(self.save_dir).absolute()
+            root.mkdir(parents=True, exist_ok=True)
+        self._log_root = root
+        self._params_by_config = {r.point.config_id: r.point.params for r in reports}
+
+        results: dict[str, list[dict[str, Any]]] = {name: [] for name in self.pipelines}
+        n_cells = len(active) * self.num_trials * len(self.suites)
+        logger.info(
+            "Evaluating %d configuration(s) x %d trial(s) x %d suite(s) = %d cell(s)",
+            len(active),
+            self.num_trials,
+            len(self.suites),
+            n_cells,
+        )
+        factory = PipelineFactory(
+            self.base_model_name_or_path,
+            backend=self.backend,
+            fit=self.fit,
+            hf_model_kwargs=self.hf_model_kwargs,
+            device_map=self.device_map,
+            trust_remote_code=self.trust_remote_code,
+        )
+        bar = tqdm(total=n_cells, disable=not self.progress, desc="steering cells", unit="cell")
+        cell = 0
+        try:
+            for report in active:
+                point = report.point
+                controls = point.controls_factory()
+                with factory.steered(controls) as pipeline:
+                    static = self._static_provenance(pipeline, factory, controls)
+                    for trial in range(self.num_trials):
+                        seed_t = derive_trial_seed(self.seed, point.config_id, trial) if self.seed is not None else None
+                        suites_out: dict[str, dict[str, Any]] = {}
+                        for suite in self.suites:
+                            cell += 1
+                            log_dir = root / "inspect_logs" / point.config_id / f"trial_{trial}" / suite.name
+                            logger.info(
+                                "Cell %d/%d: %s [%s] trial %d suite %s",
+                                cell,
+                                n_cells,
+                                point.pipeline_name,
+                                point.config_id,
+                                trial,
+                                suite.name,
+                            )
+                            with _root_log_level_kept():
+                                out = suite.run(
+                                    pipeline,
+                                    log_dir=log_dir,
+                                    options=self.provider_options,
+                                    base_seed=seed_t,
+                                    model_name=point.config_id,
+                                    generate_defaults=self.generate_defaults,
+                                    display=self.display,
+                                )
+                            suites_out[suite.name] = {
+                                task: {**result, "log": _relative_to_root(result.get("log"), log_dir, root)}
+                                for task, result in out.items()
+                            }
+                            bar.update(1)
+                        results[point.pipeline_name].append(
+                            {
+                                "trial_id": trial,
+                                "seed": seed_t,
+                                "config_id": point.config_id,
+                                "params": {spec: dict(kwargs) for spec, kwargs in point.params.items()},
+                                "suites": suites_out,
+                                "provenance": {
+                                    **static,
+                                    "base_seed": self.seed,
+                                    "trial_seed": seed_t,
+                                    "recorded_utc": datetime.now(UTC).isoformat(),
+                                },
+                            }
+                        )
+        finally:
+            bar.close()
+            factory.release()
+        self._results = results
+        return results
+
+    def _warn_protocol(self, active: Sequence[Any]) -> None:
+        if self.seed is not None:
+            keys = set(self.generate_defaults)
+            for suite in self.suites:
+                keys |= set(suite.generate_overrides)
+            if "temperature" not in keys:
+                warnings.warn(
+                    f"seed={self.seed} is set but no temperature is: the seed only matters when sampling. Set "
+                    "generate_defaults={'temperature': 0} for greedy decoding, or a temperature > 0 to sample.",
+                    UserWarning,
+                    stacklevel=3,
+                )
+        static = getattr(self.provider_options, "runtime_kwargs", None) or {}
+        declared: set[str] = set()
+        for report in active:
+            declared |= set(report.runtime_kwargs)
+        inert = sorted(set(static) - declared)
+        if inert and active:
+            warnings.warn(
+                f"Static runtime kwarg(s) {inert} in provider_options.runtime_kwargs are declared by no control of "
+                "any configuration, so they are inert on every arm. Check the names against the controls' "
+                "RUNTIME_KWARGS_SCHEMA.",
+                UserWarning,
+                stacklevel=3,
+            )
+
+    def _static_provenance(self, pipeline: Any, factory: PipelineFactory, controls: Sequence[Any]) -> dict[str, Any]:
+        tokenizer = getattr(pipeline, "tokenizer", None)
+        model = getattr(pipeline, "model", None)
+        return {
+            "toolkit_version": _version("steer_hydra"),
+            "inspect_ai_version": _version("inspect-ai") or _version("inspect_ai"),
+            "inspect_evals_version": _version("inspect-evals") or _version("inspect_evals"),
+            "torch_version": _version("torch"),
+            "transformers_version": _version("transformers"),
+            "backend": factory.backend_kind,
+            "base_model": self.base_model_name_or_path,
+            "fit": self.fit,
+            "prompt_path": ("messages" if has_chat_template(tokenizer) else "text") if tokenizer is not None else None,
+            "shared_base_fingerprint": factory.shared_base_fingerprint if factory.uses_shared_base(controls) else None,
+            "model_fingerprint": model_fingerprint(model) if model is not None else None,
+        }
+
+    # ------------------------------------------------------------------------------------------ frames
+    def _require_results(self) -> dict[str, list[dict[str, Any]]]:
+        if self._results is None:
+            raise RuntimeError("No results yet: call run() first (a failed run leaves no results).")
+        return self._results
+
+    def results(self) -> pd.DataFrame:
+        """One row per (config, trial, suite, task, metric key); see `frames.results_frame`."""
+        return results_frame(self._require_results())
+
+    def runs_frame(
+        self,
+        metrics: Sequence[str] | str,
+        *,
+        params: Mapping[str, tuple[str, str]] | None = None,
+        suite: str | None = None,
+        task: str | None = None,
+    ) -> pd.DataFrame:
+        """`frames.runs_frame` of this run, plus `{column: (spec, arg)}` parameter columns."""
+        frame = runs_frame(self.results(), metrics, suite=suite, task=task)
+        return attach_params(frame, self._params_by_config, params)
+
+    def samples_frame(
+        self,
+        scores: Sequence[str] | str,
+        *,
+        metadata_keys: Sequence[str] = (),
+        params: Mapping[str, tuple[str, str]] | None = None,
+        suite: str | None = None,
+        task: str | None = None,
+        include_text: bool = False,
+    ) -> pd.DataFrame:
+        """`frames.samples_frame` of this run (logs read from `save_dir`), plus parameter columns."""
+        results = self.results()
+        frame = samples_frame(
+            results,
+            self._log_root,
+            scores=scores,
+            metadata_keys=metadata_keys,
+            suite=suite,
+            task=task,
+            include_text=include_text,
+        )
+        return attach_params(frame, self._params_by_config, params)
+
+    def paired_deltas(
+        self,
+        scores: Sequence[str] | str,
+        *,
+        suite: str | None = None,
+        task: str | None = None,
+        baseline: str = "baseline",
+        **kwargs: Any,
+    ) -> pd.DataFrame:
+        """`frames.paired_deltas` of one (suite, task) of this run against `baseline`."""
+        samples = self.samples_frame(scores, suite=suite, task=task)
+        return paired_deltas(samples, scores, baseline=baseline, **kwargs)
+
+
+@contextlib.contextmanager
+def _root_log_level_kept() -> Iterator[None]:
+    """Undo Inspect's one-time `getLogger().setLevel(WARNING)`, so the caller's INFO lines (one per cell) survive."""
+    root = logging.getLogger()
+    level = root.level
+    try:
+        yield
+    finally:
+        if root.level != level:
+            root.setLevel(level)
+
+
+def _relative_to_root(log: str | None, log_dir: Path, root: Path) -> str | None:
+    """A log location relative to the cell's `log_dir` rewritten relative to `save_dir` (others unchanged)."""
+    if not log or "://" in log or Path(log).is_absolute():
+        return log
+    try:
+        return (log_dir / log).relative_to(root).as_posix()
+    except ValueError:
+        return str(log_dir / log)
