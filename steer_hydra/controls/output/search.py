@@ -205,14 +205,15 @@ class Frontier:
 
 @dataclass(frozen=True, slots=True)
 class SearchTrace:
-    """What the last `decode` did (for logging and debugging): iterations run, rollouts, and every candidate."""
+    """What the last `decode` did (for logging and debugging).
+
+    `candidates` holds `(iteration, text, score, finished)` for every continuation rolled out, in order.
+    """
 
     iterations: int
     rollouts: int
     best_score: float
-    candidates: tuple[tuple[int, str, float, bool], ...] = field(
-        default_factory=tuple
-    )  # (iteration, text, score, finished)
+    candidates: tuple[tuple[int, str, float, bool], ...] = field(default_factory=tuple)
 
 
 # ---------------------------------------------------------------------- the driver
@@ -249,9 +250,14 @@ class SearchDriver(DecodingDriver):
 
     Each iteration proposes `num_candidates` segments of `segment_len` tokens (the whole budget when None) from
     every frontier beam (`propose_mode` "beam": beam search; "sample": sampling), scores every continuation since
-    the prompt end with `scorer(prompt, continuations, params)` where `params` is the row's `reward_params` merged
-    over the search settings, keeps the top `keep_k`, and continues the unfinished ones until none is left or
-    `max_iterations` is spent. `max_new_tokens` is the global budget. Returns the best candidate seen.
+    the prompt end with `scorer(prompt, continuations, params)`, keeps the top `keep_k`, and continues the
+    unfinished ones until none is left or `max_iterations` is spent. `max_new_tokens` is the global budget (each
+    segment is clamped to what is left). Returns the best candidate seen; `last_trace` describes the search.
+
+    `prompt` is the prompt decoded without special tokens; `params` holds the search settings (`propose_mode`,
+    `segment_len`, `num_candidates`, `keep_k`, `max_iterations`, `max_new_tokens`, `iteration`) overlaid by the
+    row's `reward_params`. A beam is finished when its continuation ends in an eos id (the tokenizer's, plus an
+    `eos_token_id` generate kwarg), reaches the budget, or was stopped early by the rollout.
 
     Runtime kwarg `reward_params` (row scope): a mapping, or a one-element list of mappings.
     """
