@@ -1,0 +1,157 @@
+"""`check()` verdicts on the vLLM backends: what runs there, and what is refused before any work, with the fix."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from steer_hydra.backends.loopback_server import LoopbackCompletionsServer
+from steer_hydra.controls.input import FewShot, SystemPrompt
+from steer_hydra.controls.output import StoppingRules
+from steer_hydra.core import BackendSpec, SteeringPipeline, UnsupportedPipelineError
+from steer_hydra.core.backend import backend_class
+from steer_hydra.core.capabilities import Capability
+from steer_hydra.core.controls import DecodingDriver, HookControl, StateControl
+from steer_hydra.models import TINY_REF, build_tiny_model
+
+ENGINES = ["vllm", "vllm-serve"]
+ENGINE_IDS = ["offline-engine", "server"]  # not "vllm": conftest skips tests carrying that keyword without a GPU
+
+
+# Stand-ins declaring what the real methods declare (spec section 3), so the verdicts are tested on their own.
+class AttentionSteering(HookControl):
+    """Like PASTA: in-process hooks (the default requirement, IN_PROCESS_TORCH)."""
+
+
+class FittedVector(StateControl):
+    """Like CAA fitted from pairs: hooks plus hidden-state capture at steer."""
+
+    def requirements(self) -> frozenset[Capability]:
+        return frozenset({Capability.IN_PROCESS_TORCH, Capability.HIDDEN_CAPTURE})
+
+
+class BeamSearchDriver(DecodingDriver):
+    """Like DeAL: beam proposals."""
+
+    def requirements(self) -> frozenset[Capability]:
+        return frozenset({Capability.BEAM_PROPOSALS})
+
+
+class SampledDriver(DecodingDriver):
+    """Like BestOfN: sampled rollouts."""
+
+    def requirements(self) -> frozenset[Capability]:
+        return frozenset({Capability.SAMPLED_ROLLOUTS})
+
+
+def _pipeline(controls, backend: str) -> SteeringPipeline:
+    return SteeringPipeline(TINY_REF, controls=list(controls), backend=backend)
+
+
+def test_engine_backends_advertise_rollouts_and_checkpoints_but_nothing_in_process():
+    for kind in ENGINES:
+        capabilities = backend_class(kind).capabilities
+        assert capabilities == {Capability.SAMPLED_ROLLOUTS, Capability.SERVE_CHECKPOINT}
+        assert backend_class(kind).native_n and backend_class(kind).batches_distinct_seeds
+
+
+@pytest.mark.parametrize("kind", ENGINES, ids=ENGINE_IDS)
+def test_input_controls_stopping_rules_and_sampled_best_of_n_pass(kind):
+    pool = [{"prompt": "Hi", "response": "Hello"}]
+    controls = [
+        SystemPrompt(text="Answer briefly."),
+        FewShot(positive_example_pool=pool, k_positive=1),
+        StoppingRules(stop_texts=["\n\n"], budget=16),
+        SampledDriver(),
+    ]
+    report = _pipeline(controls, kind).check()
+    assert report.ok, str(report)
+
+
+@pytest.mark.parametrize("kind", ENGINES, ids=ENGINE_IDS)
+@pytest.mark.parametrize(
+    ("control", "atoms"),
+    [
+        (AttentionSteering, "in_process_torch"),
+        (FittedVector, "hidden_capture, in_process_torch"),
+        (BeamSearchDriver, "beam_proposals"),
+    ],
+)
+def test_in_process_controls_and_beam_search_are_refused_naming_control_backend_and_fix(kind, control, atoms):
+    report = _pipeline([SystemPrompt(text="Be brief."), control()], kind).check()
+    assert not report.ok
+    (failure,) = report.failures
+    assert failure.control == control.__name__ and failure.phase == "generate"
+    assert f"needs {atoms}, which backend {kind!r} does not offer" in failure.message
+    assert "backend=huggingface" in failure.message
+    assert control.__name__ in str(report) and kind in str(report)
+
+
+def test_the_same_pipelines_pass_on_hugging_face():
+    for control in (AttentionSteering, FittedVector, BeamSearchDriver, SampledDriver):
+        assert _pipeline([control()], "huggingface").check().ok
+
+
+def test_check_takes_a_backend_override_without_loading_anything():
+    pipeline = _pipeline([AttentionSteering()], "huggingface")
+    assert pipeline.check().ok
+    assert not pipeline.check(backend="vllm_serve").ok
+    assert pipeline.model is None and not pipeline.is_steered
+
+
+def test_refusal_happens_before_any_work_on_the_server():
+    model, tokenizer = build_tiny_model()
+    reference = SteeringPipeline(model=model, tokenizer=tokenizer, device="cpu").steer()
+    with LoopbackCompletionsServer(reference) as server:
+        spec = BackendSpec("vllm-serve", {"base_url": server.base_url})
+        pipeline = SteeringPipeline(tokenizer=tokenizer, controls=[AttentionSteering()], backend=spec)
+        with pytest.raises(UnsupportedPipelineError, match=r"AttentionSteering.*backend=huggingface") as caught:
+            pipeline.steer()
+        assert server.requests == []  # not even /v1/models
+    assert caught.value.report.backend == "vllm-serve"
+    assert not pipeline.is_steered
+    reference.release()
+
+
+def test_refusal_on_vllm_comes_before_the_missing_extra(monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "vllm", None)
+    with pytest.raises(UnsupportedPipelineError, match="BeamSearchDriver"):
+        _pipeline([BeamSearchDriver()], "vllm").steer()
+
+
+# ---------------------------------------------------------------------- the real controls, where they exist
+def _real(module: str, name: str, build: Callable[[type], object]) -> object:
+    found = getattr(importlib.import_module(module), name, None) if importlib.util.find_spec(module) else None
+    if found is None:
+        pytest.skip(f"{module}.{name} is not available")
+    return build(found)
+
+
+def _score(prompt, continuations, params):
+    return [0.0] * len(continuations)
+
+
+REFUSED = [
+    ("steer_hydra.controls.state.pasta", "PASTA", lambda cls: cls(head_config=[0], alpha=0.01)),
+    ("steer_hydra.controls.state.caa", "CAA", lambda cls: cls(steering_vector=torch.zeros(64), layer_id=0)),
+    ("steer_hydra.controls.state.actadd", "ActAdd", lambda cls: cls(positive_prompt="Love", negative_prompt="Hate")),
+    ("steer_hydra.controls.output.deal", "DeAL", lambda cls: cls(reward_func=_score)),
+]
+
+
+@pytest.mark.parametrize("kind", ENGINES, ids=ENGINE_IDS)
+@pytest.mark.parametrize(("module", "name", "build"), REFUSED, ids=[r[1] for r in REFUSED])
+def test_real_in_process_controls_are_refused_with_the_fix(kind, module, name, build):
+    control = _real(module, name, build)
+    report = _pipeline([control], kind).check()
+    assert [f.control for f in report.failures] == [name]
+    assert "backend=huggingface" in report.failures[0].message and kind in report.failures[0].message
+
+
+@pytest.mark.parametrize("kind", ENGINES, ids=ENGINE_IDS)
+def test_real_best_of_n_passes(kind):
+    control = _real("steer_hydra.controls.output.best_of_n", "BestOfN", lambda cls: cls(n=4, scorer=_score))
+    assert _pipeline([SystemPrompt(text="Be brief."), control], kind).check().ok

@@ -1,0 +1,155 @@
+"""backend=vllm: the engine plumbing on CPU through a stand-in `vllm` module, and the real engine on a GPU."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from typing import Any
+
+import pytest
+import torch
+
+from steer_hydra.backends.lowering import sampling_fields
+from steer_hydra.backends.vllm import INSTALL_HINT, VLLMBackend, engine_kwargs
+from steer_hydra.controls.input import SystemPrompt
+from steer_hydra.core import BackendSpec, GenerationParams, SteeringPipeline
+from steer_hydra.core.backend import backend_class
+from steer_hydra.core.identity import derive_item_seed
+from steer_hydra.core.output import strip_trailing
+from steer_hydra.models import TINY_REF, build_tiny_model
+
+
+class _SamplingParams:
+    def __init__(self, **kwargs: Any) -> None:
+        self.kwargs = kwargs
+
+
+class _LLM:
+    """Records the engine kwargs and generate calls; candidate j of request r is `[100+r, 200+j]` (+ tail)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.kwargs = kwargs
+        self.calls: list[tuple[list, list, bool]] = []
+        self.shut_down = False
+        self.llm_engine = types.SimpleNamespace(engine_core=types.SimpleNamespace(shutdown=self._shutdown))
+
+    def _shutdown(self) -> None:
+        self.shut_down = True
+
+    def generate(self, requests, sampling_params, use_tqdm=True):
+        self.calls.append((requests, sampling_params, use_tqdm))
+        results = []
+        for r, params in enumerate(sampling_params):
+            outputs = [
+                types.SimpleNamespace(index=j, token_ids=(100 + r, 200 + j, *([7] * j)))
+                for j in range(params.kwargs["n"])
+            ]
+            results.append(types.SimpleNamespace(outputs=list(reversed(outputs))))  # engines need not sort
+        return results
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    module = types.ModuleType("vllm")
+    module.LLM = _LLM
+    module.SamplingParams = _SamplingParams
+    monkeypatch.setitem(sys.modules, "vllm", module)
+    return module
+
+
+def test_engine_gets_token_prompts_one_sampling_params_per_row_and_returns_grouped_candidates(fake_vllm):
+    spec = BackendSpec("vllm", {"gpu_memory_utilization": 0.5, "max_model_len": None, "tensor_parallel_size": 1})
+    pipeline = SteeringPipeline(TINY_REF, backend=spec).steer()
+    engine = pipeline._backend.engine
+    assert engine.kwargs["model"] == engine.kwargs["tokenizer"] == pipeline._backend.model_path
+    assert {k: engine.kwargs[k] for k in ("gpu_memory_utilization", "tensor_parallel_size", "trust_remote_code")} == {
+        "gpu_memory_utilization": 0.5,
+        "tensor_parallel_size": 1,
+        "trust_remote_code": False,
+    }
+    assert "max_model_len" not in engine.kwargs  # None means vLLM's default
+    assert pipeline.model is None
+
+    pad = pipeline.tokenizer.pad_token_id
+    ids = torch.tensor([[pad, pad, 1, 50, 60], [1, 70, 80, 90, 95]])
+    mask = (ids != pad).long()
+    out = pipeline.generate(input_ids=ids, attention_mask=mask, do_sample=True, n=2, seed=4, max_new_tokens=5)
+
+    ((requests, sampling, use_tqdm),) = engine.calls
+    assert use_tqdm is False
+    assert requests == [{"prompt_token_ids": [1, 50, 60]}, {"prompt_token_ids": [1, 70, 80, 90, 95]}]
+    params = GenerationParams.from_kwargs(do_sample=True, n=2, seed=4, max_new_tokens=5)
+    assert [s.kwargs for s in sampling] == [
+        sampling_fields(params, seed=derive_item_seed(4, "generate", i)) for i in range(2)
+    ]
+    assert out.tolist() == [[100, 200, pad], [100, 201, 7], [101, 200, pad], [101, 201, 7]]
+    backend = pipeline._backend
+    pipeline.release()
+    assert engine.shut_down and backend.engine is None
+
+
+def test_greedy_candidates_are_one_engine_sample_copied(fake_vllm):
+    pipeline = SteeringPipeline(TINY_REF, backend="vllm").steer()
+    out = pipeline.generate(input_ids=[[1, 50, 60]], n=3, max_new_tokens=4)
+    ((_, sampling, _),) = pipeline._backend.engine.calls
+    assert sampling[0].kwargs["n"] == 1 and sampling[0].kwargs["temperature"] == 0.0
+    assert out.tolist() == [[100, 200]] * 3
+    pipeline.release()
+
+
+def test_missing_extra_raises_an_import_error_naming_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` now raises ImportError
+    pipeline = SteeringPipeline(TINY_REF, backend="vllm")
+    with pytest.raises(ImportError, match=r"pip install 'steer_hydra\[vllm\]'"):
+        pipeline.steer()
+    assert not pipeline.is_steered
+    assert INSTALL_HINT == "pip install 'steer_hydra[vllm]'"
+
+
+def test_check_and_the_module_never_import_vllm(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    module = importlib.reload(importlib.import_module("steer_hydra.backends.vllm"))
+    assert backend_class("vllm").__name__ == module.VLLMBackend.__name__
+    pipeline = SteeringPipeline(TINY_REF, controls=[SystemPrompt(text="Be brief.")], backend="vllm")
+    assert pipeline.check().ok
+
+
+def test_a_preloaded_model_cannot_be_handed_to_the_engine(fake_vllm):
+    model, tokenizer = build_tiny_model()
+    pipeline = SteeringPipeline(model=model, tokenizer=tokenizer, backend="vllm")
+    with pytest.raises(ValueError, match=r"cannot adopt a preloaded model=.*model_name_or_path"):
+        pipeline.steer()
+
+
+def test_engine_kwargs_drop_nones_and_refuse_pipeline_owned_keys():
+    kwargs = engine_kwargs({"dtype": "auto", "max_model_len": None}, model_path="/m", trust_remote_code=True)
+    assert kwargs == {"dtype": "auto", "model": "/m", "tokenizer": "/m", "trust_remote_code": True}
+    with pytest.raises(ValueError, match=r"may not set \['model'\]"):
+        engine_kwargs({"model": "/other"}, model_path="/m", trust_remote_code=False)
+
+
+def test_generate_before_load_says_how_to_start():
+    with pytest.raises(RuntimeError, match="call steer"):
+        VLLMBackend()._complete([[1]], [{"n": 1}])
+
+
+# ---------------------------------------------------------------------- GPU only
+@pytest.mark.vllm
+def test_real_engine_greedy_agrees_with_hugging_face():
+    """The tiny model with head dim 64 (vLLM's kernels accept it), float32, greedy, vLLM vs Hugging Face."""
+    ref = "steer_hydra:tiny?hidden_size=256&num_attention_heads=4&head_dim=64&intermediate_size=512"
+    texts = ["What is the capital of France?", "Count to five.", "Hello", "Name a red fruit."]
+    chats = [[{"role": "user", "content": t}] for t in texts]
+    options = {"dtype": "float32", "enforce_eager": True, "gpu_memory_utilization": 0.3, "max_model_len": 512}
+    with SteeringPipeline(ref, backend=BackendSpec("vllm", options)) as engine:
+        engine.steer()
+        served = engine.generate(messages=chats, max_new_tokens=12, return_output=True)
+    with SteeringPipeline(ref, device="cuda", hf_model_kwargs={"dtype": torch.float32}) as local:
+        local.steer()
+        expected = local.generate(messages=chats, max_new_tokens=12, return_output=True)
+    pad = engine.tokenizer.pad_token_id
+    served_rows = [strip_trailing(o.output_ids[0].tolist(), pad)[0] for o in served]
+    expected_rows = [strip_trailing(o.output_ids[0].tolist(), pad)[0] for o in expected]
+    assert [r[0] for r in served_rows] == [r[0] for r in expected_rows]
+    assert sum(a == b for a, b in zip(served_rows, expected_rows, strict=True)) >= len(texts) // 2
