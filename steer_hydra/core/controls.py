@@ -167,13 +167,20 @@ class BaseControl:
         """Further verdicts on a configuration (e.g. an attention implementation); each names the fix."""
         return []
 
+    def arg_values(self) -> dict[str, Any]:
+        """The Args fields by name (not copied: a scorer or a model in an argument stays one object)."""
+        return {f.name: getattr(self.args, f.name) for f in dataclasses.fields(self.args)} if self.args else {}
+
     def descriptor(self) -> dict[str, Any]:
         """The control's identity for configuration digests: class, canonical args, enabled."""
-        args = dataclasses.asdict(self.args) if self.args is not None else {}
-        return {"control": f"{type(self).__module__}.{type(self).__qualname__}", "args": args, "enabled": self.enabled}
+        return {
+            "control": f"{type(self).__module__}.{type(self).__qualname__}",
+            "args": self.arg_values(),
+            "enabled": self.enabled,
+        }
 
     def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in (dataclasses.asdict(self.args) if self.args else {}).items())
+        args = ", ".join(f"{k}={v!r}" for k, v in self.arg_values().items())
         suffix = "" if self.enabled else ", enabled=False"
         return f"{type(self).__name__}({args}{suffix})"
 

@@ -31,7 +31,7 @@ from steer_hydra.core.controls import (
     runtime_kwargs_schema,
 )
 from steer_hydra.core.identity import derive_item_seed
-from steer_hydra.core.output import Output, infer_finish_reasons, truncate_at_stop_strings
+from steer_hydra.core.output import Output, infer_finish_reasons, strip_trailing, truncate_at_stop_strings
 from steer_hydra.core.params import GenerationParams
 from steer_hydra.core.rendering import has_chat_template
 
@@ -461,8 +461,7 @@ class SteeringPipeline:
                 stop_token_ids=params.stop_token_ids,
                 **kwargs,
             )
-            new = sequences[:, input_ids.shape[1] :]
-            rolled += int((new != pad).sum()) if pad is not None else new.numel()
+            rolled += sum(len(strip_trailing(row, pad)[0]) for row in sequences[:, input_ids.shape[1] :].tolist())
             return sequences
 
         sampling = (
@@ -474,7 +473,11 @@ class SteeringPipeline:
                 if v is not None
             }
         )
-        seed = self._row_seeds(params, 1)[0]
+        for name in ("min_new_tokens", "repetition_penalty"):
+            if getattr(params, name) is not None:
+                sampling[name] = getattr(params, name)
+        # drivers sample by design, so a given seed applies even when the call itself is greedy
+        seed = None if params.seed is None else derive_item_seed(params.seed, _SEED_OP, 0)
         with backend.applied(hooks), backend.seeded(seed):
             result = driver.decode(
                 ids,
@@ -483,6 +486,7 @@ class SteeringPipeline:
                 runtime_kwargs=runtime_kwargs,
                 tokenizer=self.tokenizer,
                 max_new_tokens=params.max_new_tokens,
+                eos_token_id=list(backend.eos_token_ids),
                 **sampling,
                 **dict(params.extra),
             )
