@@ -334,7 +334,8 @@ class PipelineFactory:
                 if shared:
                     self._check_tripwire(controls)
                 del pipeline
-                _free_memory()
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()  # the backend's release() already collected garbage
 
     def _drop_base(self) -> None:
         self._base_model = None
@@ -343,8 +344,10 @@ class PipelineFactory:
 
     def release(self) -> None:
         """Free the shared base model (safe to call twice)."""
+        held = self._base_model is not None
         self._drop_base()
-        _free_memory()
+        if held:
+            _free_memory()
 
 
 def _free_memory() -> None:
