@@ -194,6 +194,7 @@ class VLLMServeBackend(TokenEngineBackend):
         self._client: Any = None
         self._fallback_warned = False
         self._count_lock = threading.Lock()
+        self._tokenizer_lock = threading.Lock()  # fast tokenizers are not safe to call from several threads
 
     # ------------------------------------------------------------------ connection
     def _open(self, *, model_name_or_path: str | None, trust_remote_code: bool) -> None:
@@ -311,4 +312,7 @@ class VLLMServeBackend(TokenEngineBackend):
                 "returned text client-side, which can differ from the generated ids at token boundaries.",
                 self.settings.base_url,
             )
-        return [ids_from_choice(c, self.tokenizer) for c in choices]
+        if all(c.get("token_ids") is not None for c in choices):
+            return [ids_from_choice(c, self.tokenizer) for c in choices]
+        with self._tokenizer_lock:
+            return [ids_from_choice(c, self.tokenizer) for c in choices]
