@@ -149,7 +149,11 @@ def pad_continuations(rows: Sequence[Sequence[int]], pad_token_id: int | None) -
 def rollout_params(
     gen_kwargs: Mapping[str, Any], *, stop_strings: Sequence[str], stop_token_ids: Sequence[int], backend_kind: str
 ) -> GenerationParams:
-    """`GenerationParams` of a driver rollout (`model.generate`-style kwargs); beam proposals are refused."""
+    """`GenerationParams` of a driver rollout (`model.generate`-style kwargs); beam proposals are refused.
+
+    `eos_token_id` (an id or a list, as `model.generate` takes it) joins the stop token ids, so a proposal ends
+    at any of them with the id kept, as on Hugging Face.
+    """
     kwargs = dict(gen_kwargs)
     beams = kwargs.pop("num_beams", 1)
     if beams is not None and int(beams) > 1:
@@ -157,8 +161,12 @@ def rollout_params(
     for name in ("stop_strings", "stop_token_ids"):
         if name in kwargs:
             raise TypeError(f"Pass {name} to rollout() as its own argument, not among gen kwargs.")
+    # model.generate's eos set: the engine stops on the checkpoint's eos already; extra ids become stop ids
+    eos = kwargs.pop("eos_token_id", None)
+    eos_ids = [] if eos is None else [int(t) for t in (eos if isinstance(eos, (list, tuple)) else [eos])]
+    stops = list(stop_token_ids) + [t for t in eos_ids if t not in stop_token_ids]
     params = GenerationParams.from_kwargs(
-        **kwargs, stop_strings=list(stop_strings) or None, stop_token_ids=list(stop_token_ids) or None
+        **kwargs, stop_strings=list(stop_strings) or None, stop_token_ids=stops or None
     )
     refuse_extra(params, backend_kind)
     return params

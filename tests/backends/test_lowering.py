@@ -116,6 +116,10 @@ def test_rollout_params_map_model_generate_kwargs_and_refuse_beams():
     )
     assert (params.n, params.greedy, params.max_new_tokens, params.temperature) == (4, False, 9, 0.8)
     assert (params.stop_strings, params.stop_token_ids) == ((".",), (3,))
+    with_eos = rollout_params(
+        {"do_sample": True, "eos_token_id": [2, 3]}, stop_strings=(), stop_token_ids=[3], backend_kind="vllm"
+    )
+    assert with_eos.stop_token_ids == (3, 2) and not with_eos.extra
     with pytest.raises(ValueError, match=r"num_beams=3 .*backend 'vllm-serve'.*DeAL.*backend=huggingface"):
         rollout_params(
             {"num_beams": 3, "num_return_sequences": 3}, stop_strings=(), stop_token_ids=(), backend_kind="vllm-serve"
