@@ -1,0 +1,35 @@
+"""The evaluation layer: the Inspect model provider, its lock-leader collator, the solver and the scorer adapter.
+
+Names resolve lazily (importing this package does not import Inspect or torch until a name is used).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# public name -> defining module (append new exports here)
+_EXPORTS: dict[str, str] = {
+    "ProviderOptions": "steer_hydra.evaluation.provider",
+    "as_inspect_model": "steer_hydra.evaluation.provider",
+    "SteeringPipelineModelAPI": "steer_hydra.evaluation.provider",
+    "LockLeaderCollator": "steer_hydra.evaluation.batching",
+    "BatchRequest": "steer_hydra.evaluation.batching",
+    "runtime_kwargs_solver": "steer_hydra.evaluation.solvers",
+    "sample_scorer_from_inspect": "steer_hydra.evaluation.scorers",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -1,0 +1,369 @@
+"""Lock-leader collator: turns concurrent async generation requests into batched `pipeline.generate()` calls.
+
+Inspect issues one async request per sample and keeps many outstanding; a `SteeringPipeline` is synchronous,
+allows one generation in flight, and accepts batches. The collator bridges the two with one `anyio.Lock` and
+no background task or timer:
+
+1. `admit()` validates a request and builds its `BatchRequest` (no enqueue); `serve()` enqueues it and
+   acquires the lock.
+2. The lock holder (the *leader*) whose record is not yet done takes its own record plus compatible queued
+   records (same batch key), in queue order, up to the ceiling, and runs one `pipeline.generate` call in a
+   worker thread. It fills every member's result slot and sets their `done` events on the loop thread.
+3. A waiter that acquires the lock with its record already served returns without dispatching.
+
+Invariants:
+- The lock holder is the only caller of `pipeline.generate`: one generation in flight, by construction.
+- Records share a dispatch only when the batched call equals the per-request calls: the batch key digests the
+  canonical call-scoped gen kwargs (seed and stop strings included), the sorted set of retained per-sample
+  runtime-kwarg names (values may differ per row) and a single-candidate flag. Multi-candidate requests
+  (`num_choices > 1`) always dispatch alone.
+- While a batch is in flight new requests accumulate in the queue: the in-flight generation is the collation
+  window. With a ceiling of 1 the same path is strict serialization.
+
+Runtime kwargs arrive on two tiers and are read against the declared scopes of the enabled controls:
+static (`ProviderOptions.runtime_kwargs`) "call" values pass through unchanged, static "row" values are one
+row's value broadcast as `[value] * rows`; per-sample values (from `Sample.metadata` via
+`runtime_kwargs_solver`) must be "row"-scoped and are collated row by row (`kwargs[k][i]` belongs to prompt
+`i`). A name no enabled control declares is inert on either tier: dropped, kept out of the batch key,
+reported in `inert_runtime_kwargs` and logged once per collator.
+
+Failure is isolated: a failed multi-row dispatch re-runs its members serially once, so a poison sample fails
+alone. When every member then succeeds, the batch failure was a shape problem (typically a row-scoped value
+whose per-row form is wrong); that is logged as a WARNING once per distinct message. Under sampling the
+serial pass regenerates the members, so their outputs differ from what the batch would have produced.
+
+Reproducibility: which samples run is fixed by the suite, but a sample's dispatch-mates and row index depend
+on arrival timing. Seeded sampling with `seed_scope="dispatch"` is reproducible per dispatch, not per sample;
+a bitwise-reproducible stochastic run needs a ceiling of 1 and Inspect `max_connections=1`. Greedy decoding
+avoids seed sensitivity (padded-batch numerics can still differ from single-row numerics on some kernels).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import anyio
+import anyio.lowlevel
+import anyio.to_thread
+
+from steer_hydra.core.identity import canonical_value
+
+if TYPE_CHECKING:
+    from steer_hydra.core.output import Output
+    from steer_hydra.core.pipeline import SteeringPipeline
+
+logger = logging.getLogger(__name__)
+
+PromptPath = Literal["messages", "text"]
+
+# Consecutive event-loop yields without a new arrival after which a leader stops waiting for its batch to fill.
+FILL_PATIENCE = 16
+
+
+@dataclass(eq=False, slots=True)
+class BatchRequest:
+    """One admitted generation request waiting for (or holding) its dispatch result.
+
+    Attributes:
+        prompt: One conversation (list of `{"role", "content"}` dicts) on the messages path, or one rendered
+            string on the text path.
+        gen_kwargs: Call-scoped generation kwargs mapped from the request's `GenerateConfig`.
+        per_sample_runtime_kwargs: The retained per-sample runtime kwargs (every key declared "row"-scoped).
+        num_choices: Candidates requested; above 1 the request dispatches alone.
+        batch_key: Digest deciding which records may share a dispatch.
+        done: Set (on the event-loop thread) once `output` or `error` holds the result.
+        output: The record's `Output` on success.
+        error: The record's own exception on failure.
+    """
+
+    prompt: Any
+    gen_kwargs: dict[str, Any]
+    per_sample_runtime_kwargs: dict[str, Any]
+    num_choices: int
+    batch_key: str
+    done: anyio.Event = field(default_factory=anyio.Event)
+    output: Output | None = None
+    error: BaseException | None = None
+
+
+def batch_key(gen_kwargs: Mapping[str, Any], per_sample_runtime_kwargs: Mapping[str, Any], num_choices: int) -> str:
+    """sha256 of sorted JSON: canonical gen kwargs, the sorted per-sample key names, a single-candidate flag."""
+    payload = {
+        "gen_kwargs": canonical_value(dict(gen_kwargs)),
+        "per_sample_keys": sorted(per_sample_runtime_kwargs),
+        "single_candidate": num_choices <= 1,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+class LockLeaderCollator:
+    """Collate concurrent requests into batched `pipeline.generate()` calls (see the module docstring).
+
+    Args:
+        pipeline: The steered pipeline; the lock holder is its only caller.
+        max_batch_size: The dispatch ceiling, already clamped to 1 by the caller when the pipeline cannot batch.
+        prompt_path: "messages" dispatches conversations via `messages=`, "text" rendered strings via `text=`.
+        declared_scopes: `{name: "row" | "call"}` for every runtime kwarg the enabled controls declare.
+        static_runtime_kwargs: Applied to every dispatch (shallow-copied, never mutated).
+        chat_template_kwargs: Added to every dispatch's gen kwargs on the messages path, or None.
+    """
+
+    def __init__(
+        self,
+        pipeline: SteeringPipeline,
+        *,
+        max_batch_size: int,
+        prompt_path: PromptPath,
+        declared_scopes: Mapping[str, str],
+        static_runtime_kwargs: Mapping[str, Any],
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        if int(max_batch_size) < 1:
+            raise ValueError(f"max_batch_size must be >= 1; got {max_batch_size!r}.")
+        if prompt_path not in ("messages", "text"):
+            raise ValueError(f"prompt_path must be 'messages' or 'text'; got {prompt_path!r}.")
+        self._pipeline = pipeline
+        self._max_batch_size = int(max_batch_size)
+        self._prompt_path: PromptPath = prompt_path
+        self._declared_scopes = dict(declared_scopes)
+        self._static = dict(static_runtime_kwargs)
+        self._chat_template_kwargs = dict(chat_template_kwargs) if chat_template_kwargs is not None else None
+        self._lock = anyio.Lock()
+        self._queue: list[BatchRequest] = []
+        self._closed = False
+        self._inert: set[str] = set()
+        self._logged_batch_failures: set[str] = set()
+        self._static_call: dict[str, Any] = {}
+        self._static_row: dict[str, Any] = {}
+        for key, value in self._static.items():
+            scope = self._declared_scopes.get(key)
+            if scope == "row":
+                self._static_row[key] = value
+            elif scope == "call":
+                self._static_call[key] = value
+            else:
+                self._mark_inert(key, "static, ProviderOptions.runtime_kwargs")
+
+    # ------------------------------------------------------------------ state
+    @property
+    def max_batch_size(self) -> int:
+        """The dispatch ceiling."""
+        return self._max_batch_size
+
+    @property
+    def closed(self) -> bool:
+        """Whether `close()` was called."""
+        return self._closed
+
+    def close(self) -> None:
+        """Refuse new admissions; a batch already in flight completes and delivers its results."""
+        self._closed = True
+
+    @property
+    def inert_runtime_kwargs(self) -> frozenset[str]:
+        """Runtime-kwarg names seen on either tier that no enabled control declares."""
+        return frozenset(self._inert)
+
+    def _mark_inert(self, key: str, tier: str) -> None:
+        if key in self._inert:
+            return
+        self._inert.add(key)
+        logger.info(
+            "Runtime kwarg %r (%s) is declared by no enabled control of this pipeline and is inert on this arm.",
+            key,
+            tier,
+        )
+
+    # ------------------------------------------------------------------ admission
+    def admit(
+        self,
+        prompt: Any,
+        gen_kwargs: Mapping[str, Any],
+        per_sample_runtime_kwargs: Mapping[str, Any],
+        num_choices: int,
+    ) -> BatchRequest:
+        """Validate one request and build its record, without enqueueing it.
+
+        Raises:
+            RuntimeError: If the collator is closed.
+            ValueError: If a per-sample key is also supplied statically, or is declared "call"-scoped.
+        """
+        if self._closed:
+            raise RuntimeError("The steering-pipeline provider is closed; build a new one with as_inspect_model().")
+        retained: dict[str, Any] = {}
+        for key, value in per_sample_runtime_kwargs.items():
+            if key in self._static:
+                raise ValueError(
+                    f"Runtime kwarg {key!r} is supplied both per sample (Sample.metadata, via runtime_kwargs_solver) "
+                    "and statically (ProviderOptions.runtime_kwargs); a value for every row and a stream of per-row "
+                    "values cannot both apply. Remove it from one tier."
+                )
+            scope = self._declared_scopes.get(key)
+            if scope == "call":
+                raise ValueError(
+                    f"Per-sample runtime kwarg {key!r} is declared 'call'-scoped by an enabled control, so one value "
+                    "per sample cannot reach it in a batched call. Pass it statically (ProviderOptions.runtime_kwargs) "
+                    "or declare 'scope': 'row' in the consuming control's RUNTIME_KWARGS_SCHEMA."
+                )
+            if scope is None:
+                self._mark_inert(key, "per sample, Sample.metadata")
+                continue
+            retained[key] = value
+        choices = max(1, int(num_choices))
+        return BatchRequest(
+            prompt=prompt,
+            gen_kwargs=dict(gen_kwargs),
+            per_sample_runtime_kwargs=retained,
+            num_choices=choices,
+            batch_key=batch_key(gen_kwargs, retained, choices),
+        )
+
+    # ------------------------------------------------------------------ the leader protocol
+    async def serve(self, record: BatchRequest) -> Output:
+        """Enqueue an admitted record and run the leader protocol until the record holds its result.
+
+        Raises:
+            Exception: The record's own dispatch exception, re-raised on the requesting task.
+        """
+        self._queue.append(record)
+        try:
+            async with self._lock:
+                if not record.done.is_set():
+                    await self._gather(record)
+                    batch = self._take_batch(record)
+                    try:
+                        await anyio.to_thread.run_sync(self._dispatch, batch, abandon_on_cancel=False)
+                    finally:
+                        for member in batch:  # anyio events are not thread-safe: set them on the loop thread
+                            member.done.set()
+        finally:
+            self._discard(record)
+        if record.error is not None:
+            raise record.error
+        if record.output is None:  # only when the dispatch died of a BaseException in the worker thread
+            raise RuntimeError("The dispatch holding this request ended without a result; see the logged error.")
+        return record.output
+
+    async def _gather(self, leader: BatchRequest) -> None:
+        """Let requests admitted in the same scheduling window join the leader's batch before it is taken.
+
+        Yields to the event loop while the batch is below the ceiling and the queue keeps growing; stops after
+        `FILL_PATIENCE` consecutive yields that admit nothing (no clock involved). A leader alone on an idle loop
+        pays a few microseconds; a leader racing a burst of arriving requests dispatches them together instead
+        of splitting them into fragments.
+        """
+        if leader.num_choices > 1 or self._max_batch_size == 1:
+            return
+        idle = 0
+        seen = len(self._queue)
+        while idle < FILL_PATIENCE and self._compatible(leader) < self._max_batch_size:
+            await anyio.lowlevel.checkpoint()
+            if len(self._queue) > seen:
+                idle = 0
+            else:
+                idle += 1
+            seen = len(self._queue)
+
+    def _compatible(self, leader: BatchRequest) -> int:
+        return sum(1 for queued in self._queue if queued.batch_key == leader.batch_key)
+
+    def _take_batch(self, leader: BatchRequest) -> list[BatchRequest]:
+        """Remove the leader plus up to ceiling-1 same-key queued records (queue order) from the queue."""
+        self._discard(leader)
+        batch = [leader]
+        room = self._max_batch_size - 1
+        if leader.num_choices > 1 or room <= 0:
+            return batch
+        kept: list[BatchRequest] = []
+        for queued in self._queue:
+            if room and queued.batch_key == leader.batch_key:
+                batch.append(queued)
+                room -= 1
+            else:
+                kept.append(queued)
+        self._queue[:] = kept
+        return batch
+
+    def _discard(self, record: BatchRequest) -> None:
+        for index, queued in enumerate(self._queue):
+            if queued is record:
+                del self._queue[index]
+                return
+
+    # ------------------------------------------------------------------ worker thread
+    def _dispatch(self, batch: list[BatchRequest]) -> None:
+        """Fill each member's result slot (worker thread). Never raises."""
+        try:
+            outputs = self._run(batch)
+        except Exception as error:
+            if len(batch) == 1:
+                batch[0].error = error
+                return
+            self._isolate(batch, error)
+            return
+        for member, output in zip(batch, outputs, strict=True):
+            member.output = output
+
+    def _isolate(self, batch: list[BatchRequest], batch_error: Exception) -> None:
+        """Poison isolation: re-run each member alone, once."""
+        for member in batch:
+            try:
+                member.output = self._run([member])[0]
+            except Exception as error:
+                member.error = error
+        if all(member.error is None for member in batch):
+            message = f"{type(batch_error).__name__}: {batch_error}"
+            if message not in self._logged_batch_failures:
+                self._logged_batch_failures.add(message)
+                logger.warning(
+                    "A dispatch of %d requests failed (%s) while every member succeeded serially. This is the "
+                    "signature of a runtime-kwarg value whose per-row form is wrong at batch size > 1 (e.g. a "
+                    "'row'-scoped value that is not one value per row); throughput degrades to serial until it "
+                    "is fixed.",
+                    len(batch),
+                    message,
+                )
+
+    def _runtime_kwargs(self, batch: list[BatchRequest]) -> dict[str, Any]:
+        kwargs = dict(self._static_call)
+        rows = len(batch)
+        for key, value in self._static_row.items():
+            kwargs[key] = [value] * rows
+        for key in batch[0].per_sample_runtime_kwargs:
+            kwargs[key] = [member.per_sample_runtime_kwargs[key] for member in batch]
+        return kwargs
+
+    def _run(self, batch: list[BatchRequest]) -> list[Output]:
+        """One `pipeline.generate` call for `batch`; one `Output` per record."""
+        leader = batch[0]
+        gen_kwargs = dict(leader.gen_kwargs)
+        if self._chat_template_kwargs is not None:
+            gen_kwargs["chat_template_kwargs"] = dict(self._chat_template_kwargs)
+        runtime_kwargs = self._runtime_kwargs(batch)
+        if leader.num_choices > 1:
+            output = self._pipeline.generate(
+                runtime_kwargs=runtime_kwargs,
+                return_output=True,
+                n=leader.num_choices,
+                **{self._prompt_path: leader.prompt},
+                **gen_kwargs,
+            )
+            return [output]
+        outputs = self._pipeline.generate(
+            runtime_kwargs=runtime_kwargs,
+            return_output=True,
+            **{self._prompt_path: [member.prompt for member in batch]},
+            **gen_kwargs,
+        )
+        outputs = list(outputs)
+        if len(outputs) != len(batch):
+            raise RuntimeError(
+                f"pipeline.generate returned {len(outputs)} output(s) for a dispatch of {len(batch)} prompt(s); "
+                "the collator needs one Output per prompt."
+            )
+        return outputs

@@ -1,0 +1,581 @@
+"""The Inspect model provider for a steered `SteeringPipeline` (registered with Inspect as `steer_hydra`).
+
+`as_inspect_model(pipeline, options=ProviderOptions(...))` wraps a steered pipeline as an Inspect `Model`. Each
+Inspect request (one per sample) is converted to one conversation, its `GenerateConfig` is mapped to pipeline
+gen kwargs, and the request is handed to a `LockLeaderCollator`, which batches concurrent requests into
+`pipeline.generate()` calls. The returned `Output` rows become the `ModelOutput` choices.
+
+Contract:
+- Generation only: tools, tool messages, logprob parameters and non-text content are refused with an error
+  that explains the scope; every other `GenerateConfig` field is classified as mapped, handled upstream by
+  Inspect, or subject to the unsupported-parameter policy (`ProviderOptions.on_unsupported_param`).
+- Prompt path: with a chat template, conversations are dispatched as `messages=` (every input control runs as
+  in deployment); without one, each conversation is rendered to plain text and dispatched as `text=` (no
+  `adapt_messages`; token-level `adapt` still runs). The path is fixed at construction and warned about once.
+- The batch ceiling is `ProviderOptions.max_batch_size`, clamped to 1 when the pipeline cannot batch
+  (`effective_max_batch`). **Pass `max_connections=model.api.effective_max_batch` to every `inspect_ai.eval` /
+  `eval_set` call**: Inspect's adaptive concurrency ignores `ModelAPI.max_connections()` unless
+  `max_connections` is given, and with it given `max_samples` defaults to the same value, so batches fill
+  exactly (`inspect_max_connections(model)` returns that number).
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from inspect_ai.model import (
+    ChatCompletionChoice,
+    ChatMessageAssistant,
+    ChatMessageTool,
+    ContentReasoning,
+    ContentText,
+    GenerateConfig,
+    Model,
+    ModelAPI,
+    ModelOutput,
+    ModelUsage,
+    modelapi,
+)
+
+from steer_hydra.core.controls import runtime_kwargs_schema
+from steer_hydra.core.output import truncate_at_stop_strings
+from steer_hydra.core.rendering import has_chat_template, render_messages
+from steer_hydra.evaluation.batching import LockLeaderCollator
+from steer_hydra.evaluation.thinking import (
+    DEFAULT_THINK_TAGS,
+    SPLIT_MODES,
+    ThinkingSplit,
+    resolve_split_mode,
+    split_thinking,
+    split_thinking_ids,
+)
+
+if TYPE_CHECKING:
+    from inspect_ai.model import ChatMessage
+    from inspect_ai.tool import ToolChoice, ToolInfo
+
+    from steer_hydra.core.output import Output
+    from steer_hydra.core.pipeline import SteeringPipeline
+
+logger = logging.getLogger(__name__)
+
+PROVIDER_NAME = "steer_hydra"
+DEFAULT_MODEL_NAME = "steering-pipeline"
+RUNTIME_KWARGS_EXTRA_BODY_KEY = "runtime_kwargs"
+
+# Every GenerateConfig field belongs to exactly one of these sets (a test fails when Inspect adds a field).
+MAPPED_FIELDS: frozenset[str] = frozenset(
+    {"max_tokens", "stop_seqs", "temperature", "top_p", "top_k", "seed", "num_choices", "extra_body"}
+)
+UPSTREAM_FIELDS: frozenset[str] = frozenset(
+    {
+        "system_message",
+        "max_retries",
+        "timeout",
+        "attempt_timeout",
+        "stream_idle_timeout",
+        "max_connections",
+        "adaptive_connections",
+        "fallback_models",
+        "cache",
+        "cache_prompt",
+        "batch",
+        "parallel_tool_calls",
+        "internal_tools",
+        "max_tool_output",
+        "fail_on_refusal",
+    }
+)
+POLICY_FIELDS: frozenset[str] = frozenset(
+    {
+        "best_of",
+        "frequency_penalty",
+        "presence_penalty",
+        "logit_bias",
+        "response_schema",
+        "reasoning_effort",
+        "reasoning_tokens",
+        "reasoning_summary",
+        "reasoning_history",
+        "reasoning_mode",
+        "verbosity",
+        "effort",
+        "extra_headers",
+        "modalities",
+    }
+)
+REFUSED_FIELDS: frozenset[str] = frozenset({"logprobs", "top_logprobs", "prompt_logprobs"})
+_CLASSIFIED = MAPPED_FIELDS | UPSTREAM_FIELDS | POLICY_FIELDS | REFUSED_FIELDS
+
+UNSUPPORTED_POLICIES = ("raise", "warn")
+SEED_SCOPES = ("item", "dispatch")
+_STOP_REASONS = {"length": "max_tokens", "stop": "stop", "eos": "stop"}
+
+_GENERATION_ONLY = (
+    "The steer_hydra provider is generation-only: it evaluates open-ended generations of a steering pipeline "
+    "(output controls such as decoding drivers define no per-token distribution), so tools, tool messages, "
+    "logprobs and non-text content are not supported. Use a non-agentic, text-only task."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderOptions:
+    """How the provider drives the pipeline (validated at construction).
+
+    Attributes:
+        runtime_kwargs: Static runtime kwargs applied to every request ("row"-scoped values are one row's value,
+            broadcast to every row; "call"-scoped values pass through; undeclared names are inert).
+        chat_template_kwargs: Forwarded to `apply_chat_template` on the messages path (refused on the text path).
+        max_batch_size: The batching ceiling (clamped to 1 when the pipeline cannot batch).
+        default_max_tokens: `max_tokens` for requests that set none.
+        reasoning_tags: `(open, close)` tags split off as reasoning before scoring; None disables the split.
+        reasoning_opened_at_start: The prompt opens the thinking channel, so a continuation starts inside it.
+        reasoning_split: "auto" (text when both tags round-trip through the tokenizer, else tokens), "text" or
+            "tokens".
+        on_unsupported_param: "raise" (default) or "warn" (warn once per field, then ignore) for
+            `GenerateConfig` parameters the pipeline cannot honor.
+        seed_scope: "dispatch" (one derived seed per batched dispatch, decoded in one pass) or "item" (one seed
+            per row, rows decoded one at a time), attached to seeded sampling requests.
+    """
+
+    runtime_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    chat_template_kwargs: Mapping[str, Any] | None = None
+    max_batch_size: int = 8
+    default_max_tokens: int = 1024
+    reasoning_tags: tuple[str, str] | None = DEFAULT_THINK_TAGS
+    reasoning_opened_at_start: bool = False
+    reasoning_split: str = "auto"
+    on_unsupported_param: str = "raise"
+    seed_scope: str = "dispatch"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.runtime_kwargs, Mapping):
+            raise TypeError(
+                f"ProviderOptions.runtime_kwargs must be a mapping of name to value; got "
+                f"{type(self.runtime_kwargs).__name__} {self.runtime_kwargs!r}. Fix: pass a dict, e.g. "
+                "runtime_kwargs={'substrings': ['...']}."
+            )
+        object.__setattr__(self, "runtime_kwargs", dict(self.runtime_kwargs))
+        if self.chat_template_kwargs is not None:
+            if not isinstance(self.chat_template_kwargs, Mapping):
+                raise TypeError(
+                    f"ProviderOptions.chat_template_kwargs must be a mapping or None; got "
+                    f"{type(self.chat_template_kwargs).__name__} {self.chat_template_kwargs!r}."
+                )
+            object.__setattr__(self, "chat_template_kwargs", dict(self.chat_template_kwargs))
+        for name in ("max_batch_size", "default_max_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"ProviderOptions.{name} must be an integer >= 1; got {value!r}.")
+        tags = self.reasoning_tags
+        if tags is not None:
+            if (
+                isinstance(tags, str)
+                or not isinstance(tags, Sequence)
+                or len(tags) != 2
+                or not all(isinstance(t, str) and t for t in tags)
+            ):
+                raise ValueError(
+                    f"ProviderOptions.reasoning_tags must be None or a pair of non-empty strings (open, close); "
+                    f"got {tags!r}. Fix: e.g. reasoning_tags=('<think>', '</think>'), or None to disable the split."
+                )
+            object.__setattr__(self, "reasoning_tags", (tags[0], tags[1]))
+        if not isinstance(self.reasoning_opened_at_start, bool):
+            raise TypeError(
+                f"ProviderOptions.reasoning_opened_at_start must be a bool; got {self.reasoning_opened_at_start!r}."
+            )
+        for name, allowed in (
+            ("reasoning_split", SPLIT_MODES),
+            ("on_unsupported_param", UNSUPPORTED_POLICIES),
+            ("seed_scope", SEED_SCOPES),
+        ):
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ValueError(f"ProviderOptions.{name} must be one of {allowed}; got {value!r}.")
+
+
+class SteeringPipelineModelAPI(ModelAPI):
+    """An Inspect `ModelAPI` that generates with a steered `SteeringPipeline` through a lock-leader collator.
+
+    Build it with `as_inspect_model(pipeline, ...)`; the Inspect-standard arguments (`base_url`, `api_key`,
+    `config`, `model_args`) are accepted for registry compatibility and ignored. A pipeline can't travel through
+    `get_model(..., model_args)` (Inspect memoises on a JSON form in which objects become None).
+
+    Args:
+        model_name: The name after `steer_hydra/` in logs.
+        pipeline: A steered pipeline (`pipeline.steer()` has run).
+        options: `ProviderOptions` (defaults when None).
+        base_seed: Seed for sampling requests that set no seed of their own (e.g. the trial seed).
+    """
+
+    def __init__(
+        self,
+        model_name: str,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        api_key_vars: list[str] = [],  # noqa: B006 - Inspect's ModelAPI signature
+        config: GenerateConfig = GenerateConfig(),
+        *,
+        pipeline: SteeringPipeline | None = None,
+        options: ProviderOptions | None = None,
+        base_seed: int | None = None,
+        **model_args: Any,
+    ) -> None:
+        super().__init__(model_name=model_name, config=GenerateConfig())
+        if pipeline is None:
+            raise ValueError(
+                "SteeringPipelineModelAPI needs a pipeline. Build the model with "
+                "steer_hydra.evaluation.as_inspect_model(pipeline, options=ProviderOptions(...)); a pipeline "
+                "cannot be passed through get_model()/--model or model_args."
+            )
+        if not getattr(pipeline, "_is_steered", False):
+            raise ValueError("The pipeline is not steered; call pipeline.steer() before as_inspect_model(pipeline).")
+        if options is None:
+            options = ProviderOptions()
+        elif not isinstance(options, ProviderOptions):
+            raise TypeError(f"options must be a ProviderOptions; got {type(options).__name__}.")
+        if model_args:
+            logger.debug("Ignoring model_args %s: the steer_hydra provider reads ProviderOptions.", model_args)
+        self._pipeline = pipeline
+        self._options = options
+        self._base_seed = None if base_seed is None else int(base_seed)
+        self._tokenizer = pipeline.tokenizer
+        self._warned_params: set[str] = set()
+
+        self._prompt_path = "messages" if has_chat_template(self._tokenizer) else "text"
+        if self._prompt_path == "text":
+            if options.chat_template_kwargs is not None:
+                raise TypeError(
+                    "ProviderOptions.chat_template_kwargs is set, but the tokenizer has no chat template, so prompts "
+                    "take the text path where no template runs. Fix: remove chat_template_kwargs, or give the "
+                    "tokenizer a chat_template."
+                )
+            warnings.warn(
+                "The tokenizer has no chat template: conversations are rendered to plain text and dispatched as "
+                "text= (prompt_path='text'). Input controls' adapt_messages does not run on this path (token-level "
+                "adapt still does), so message-level input controls behave differently than with a chat model.",
+                UserWarning,
+                stacklevel=2,
+            )
+
+        self._effective_max_batch = options.max_batch_size if pipeline.supports_batching else 1
+        if self._effective_max_batch != options.max_batch_size:
+            logger.info(
+                "The pipeline has a control that does not support batching; the batch ceiling is clamped from "
+                "max_batch_size=%d to 1 (pass max_connections=1 to Inspect).",
+                options.max_batch_size,
+            )
+
+        self._declared_scopes = {
+            name: entry.get("scope", "call") for name, entry in runtime_kwargs_schema(pipeline.controls).items()
+        }
+        self._reasoning_split, self._reasoning_tag_ids = resolve_split_mode(
+            self._tokenizer, options.reasoning_tags, options.reasoning_split
+        )
+        self._collator = LockLeaderCollator(
+            pipeline,
+            max_batch_size=self._effective_max_batch,
+            prompt_path=self._prompt_path,
+            declared_scopes=self._declared_scopes,
+            static_runtime_kwargs=options.runtime_kwargs,
+            chat_template_kwargs=options.chat_template_kwargs,
+        )
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def pipeline(self) -> SteeringPipeline:
+        """The wrapped pipeline."""
+        return self._pipeline
+
+    @property
+    def options(self) -> ProviderOptions:
+        """The provider options."""
+        return self._options
+
+    @property
+    def prompt_path(self) -> str:
+        """ "messages" (chat template) or "text" (conversations rendered to plain text)."""
+        return self._prompt_path
+
+    @property
+    def effective_max_batch(self) -> int:
+        """The batch ceiling in force; pass it as Inspect's `max_connections`."""
+        return self._effective_max_batch
+
+    @property
+    def inert_runtime_kwargs(self) -> frozenset[str]:
+        """Runtime kwargs seen on either tier that no enabled control declares."""
+        return self._collator.inert_runtime_kwargs
+
+    @property
+    def collator(self) -> LockLeaderCollator:
+        """The collator serving this provider."""
+        return self._collator
+
+    # ------------------------------------------------------------------ ModelAPI hooks
+    def max_tokens(self) -> int | None:
+        return self._options.default_max_tokens
+
+    def max_connections(self) -> int:
+        return self._effective_max_batch
+
+    def connection_key(self) -> str:
+        return f"{PROVIDER_NAME}:{id(self)}"
+
+    def should_retry(self, ex: Exception) -> bool:
+        return False
+
+    def is_auth_failure(self, ex: Exception) -> bool:
+        return False
+
+    def tools_required(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        """Refuse new requests; a batch in flight completes. The pipeline stays loaded (release it yourself)."""
+        self._collator.close()
+
+    async def aclose(self) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ generate
+    async def generate(
+        self,
+        input: list[ChatMessage],
+        tools: list[ToolInfo],
+        tool_choice: ToolChoice,
+        config: GenerateConfig,
+    ) -> ModelOutput:
+        if self._collator.closed:
+            raise RuntimeError("The steer_hydra provider is closed; build a new model with as_inspect_model().")
+        if tools:
+            names = ", ".join(getattr(t, "name", "?") for t in tools)
+            raise NotImplementedError(f"This request offers tools ({names}). {_GENERATION_ONLY}")
+        conversation = self._convert_input(input)
+        gen_kwargs, per_sample, num_choices = self._map_generate_config(config)
+        prompt: Any = conversation
+        if self._prompt_path == "text":
+            prompt = render_messages(self._tokenizer, conversation)
+        record = self._collator.admit(prompt, gen_kwargs, per_sample, num_choices)
+        output = await self._collator.serve(record)
+        return self._assemble_model_output(output, stop_strings=gen_kwargs.get("stop_strings", ()))
+
+    def _convert_input(self, input: str | Sequence[ChatMessage]) -> list[dict[str, str]]:
+        """Inspect messages to `{"role", "content": str}` dicts; refuses tools and non-text content."""
+        if isinstance(input, str):
+            return [{"role": "user", "content": input}]
+        conversation: list[dict[str, str]] = []
+        for message in input:
+            if isinstance(message, ChatMessageTool) or message.role == "tool":
+                raise NotImplementedError(f"The conversation contains a tool message. {_GENERATION_ONLY}")
+            if getattr(message, "tool_calls", None):
+                raise NotImplementedError(f"The conversation contains assistant tool calls. {_GENERATION_ONLY}")
+            conversation.append({"role": message.role, "content": _text_content(message.content)})
+        return conversation
+
+    def _map_generate_config(self, config: GenerateConfig) -> tuple[dict[str, Any], dict[str, Any], int]:
+        """Map a request's config to `(gen_kwargs, per_sample_runtime_kwargs, num_choices)`."""
+        refused = [name for name in sorted(REFUSED_FIELDS) if getattr(config, name) is not None]
+        if refused:
+            setting = ", ".join(f"GenerateConfig.{name}={getattr(config, name)!r}" for name in refused)
+            raise NotImplementedError(f"{setting} requests log probabilities. {_GENERATION_ONLY}")
+
+        extra_body = dict(config.extra_body or {})
+        per_sample = extra_body.pop(RUNTIME_KWARGS_EXTRA_BODY_KEY, None)
+        if per_sample is None:
+            per_sample = {}
+        elif not isinstance(per_sample, Mapping):
+            raise ValueError(
+                f"extra_body[{RUNTIME_KWARGS_EXTRA_BODY_KEY!r}] must be a mapping of runtime-kwarg name to value; "
+                f"got {type(per_sample).__name__} {per_sample!r}. Fix: store a dict in "
+                "Sample.metadata['runtime_kwargs'] and use runtime_kwargs_solver()."
+            )
+
+        for name in sorted(set(GenerateConfig.model_fields) - (_CLASSIFIED - POLICY_FIELDS)):
+            value = getattr(config, name)
+            if value is not None:
+                self._unsupported(f"GenerateConfig.{name}", name, value)
+        for key, value in extra_body.items():
+            if value is not None:
+                self._unsupported(f"GenerateConfig.extra_body[{key!r}]", f"extra_body[{key!r}]", value)
+
+        gen_kwargs: dict[str, Any] = {}
+        if config.max_tokens is not None:
+            gen_kwargs["max_new_tokens"] = int(config.max_tokens)
+        if config.stop_seqs:
+            gen_kwargs["stop_strings"] = tuple(config.stop_seqs)
+        if config.temperature is not None:
+            if config.temperature == 0:
+                gen_kwargs["do_sample"] = False
+            else:
+                gen_kwargs["do_sample"] = True
+                gen_kwargs["temperature"] = float(config.temperature)
+                if config.top_p is not None:
+                    gen_kwargs["top_p"] = float(config.top_p)
+                if config.top_k is not None:
+                    gen_kwargs["top_k"] = int(config.top_k)
+                seed = config.seed if config.seed is not None else self._base_seed
+                if seed is not None:
+                    gen_kwargs["seed"] = int(seed)
+                    gen_kwargs["seed_scope"] = self._options.seed_scope
+        num_choices = int(config.num_choices) if config.num_choices is not None else 1
+        return gen_kwargs, dict(per_sample), num_choices
+
+    def _unsupported(self, label: str, name: str, value: Any) -> None:
+        """Apply the unsupported-parameter policy to one parameter the pipeline cannot honor."""
+        hint = (
+            "The steering pipeline cannot honor it. Fix: drop it from the task or eval config, or set "
+            "ProviderOptions(on_unsupported_param='warn') to ignore it with a warning."
+        )
+        if name == "response_schema":
+            hint += " (No constrained-decoding control is injected: the arm runs only the controls it declares.)"
+        if self._options.on_unsupported_param == "raise":
+            raise ValueError(f"{label}={value!r} is not supported by the steer_hydra provider. {hint}")
+        if name not in self._warned_params:
+            self._warned_params.add(name)
+            warnings.warn(
+                f"{label}={value!r} is not supported by the steer_hydra provider and is ignored "
+                "(on_unsupported_param='warn'); this warning is shown once per parameter.",
+                UserWarning,
+                stacklevel=3,
+            )
+
+    # ------------------------------------------------------------------ output assembly
+    def _assemble_model_output(self, output: Output, *, stop_strings: Sequence[str] = ()) -> ModelOutput:
+        """Turn one pipeline `Output` (one row per candidate) into a `ModelOutput`."""
+        texts = output.decode(self._tokenizer)
+        rows = len(texts)
+        reasons = list(output.finish_reasons or ())
+        if len(reasons) != rows:
+            reasons = [output.finish_reason] * rows
+        choices: list[ChatCompletionChoice] = []
+        unclosed = 0
+        id_rows = output.output_ids.tolist() if self._reasoning_split == "tokens" else None
+        for index, text in enumerate(texts):
+            split: ThinkingSplit | None = None
+            if self._reasoning_split == "text":
+                split = split_thinking(
+                    text,
+                    self._options.reasoning_tags,
+                    opened_at_start=self._options.reasoning_opened_at_start,
+                    stop_strings=stop_strings,
+                )
+            elif self._reasoning_split == "tokens":
+                split = split_thinking_ids(
+                    id_rows[index],
+                    self._tokenizer,
+                    self._reasoning_tag_ids,
+                    opened_at_start=self._options.reasoning_opened_at_start,
+                    stop_strings=stop_strings,
+                )
+            content: str | list[Any]
+            if split is None:
+                content = truncate_at_stop_strings(text, stop_strings)
+            else:
+                unclosed += not split.closed
+                if split.reasoning:
+                    content = [ContentReasoning(reasoning=split.reasoning), ContentText(text=split.answer)]
+                else:
+                    content = split.answer
+            message = ChatMessageAssistant(content=content, model=self.model_name, source="generate")
+            choices.append(
+                ChatCompletionChoice(message=message, stop_reason=_STOP_REASONS.get(reasons[index], "unknown"))
+            )
+        if unclosed:
+            logger.warning(
+                "%d of %d row(s) opened a thinking channel that never closed: the whole continuation is reasoning "
+                "and the answer is empty. Raise max_tokens, or check ProviderOptions.reasoning_tags / "
+                "reasoning_opened_at_start.",
+                unclosed,
+                rows,
+            )
+        return ModelOutput(
+            model=self.model_name,
+            choices=choices,
+            usage=self._usage(output),
+            metadata={"returned_output_tokens": self._returned_tokens(output)},
+        )
+
+    def _non_pad(self, ids: Any) -> int:
+        """Count of non-pad elements (all elements when the tokenizer has no pad id; 0 for None)."""
+        if ids is None:
+            return 0
+        pad = getattr(self._tokenizer, "pad_token_id", None)
+        return int(ids.numel()) if pad is None else int((ids != pad).sum())
+
+    def _returned_tokens(self, output: Output) -> int:
+        return self._non_pad(output.output_ids)
+
+    def _usage(self, output: Output) -> ModelUsage:
+        input_tokens = self._non_pad(output.adapted_input_ids)
+        returned = self._returned_tokens(output)
+        output_tokens = int(output.generated_tokens) if output.generated_tokens is not None else returned
+        return ModelUsage(
+            input_tokens=input_tokens, output_tokens=output_tokens, total_tokens=input_tokens + output_tokens
+        )
+
+
+def _text_content(content: str | Sequence[Any]) -> str:
+    """A message's text: ContentText parts joined with no separator, reasoning parts dropped."""
+    if isinstance(content, str):
+        return content
+    parts: list[str] = []
+    for part in content:
+        if isinstance(part, ContentText):
+            parts.append(part.text)
+        elif isinstance(part, ContentReasoning):
+            continue
+        else:
+            raise NotImplementedError(f"The conversation contains {type(part).__name__} content. {_GENERATION_ONLY}")
+    return "".join(parts)
+
+
+@modelapi(name=PROVIDER_NAME)
+def steer_hydra() -> type[ModelAPI]:
+    """Registry entry for `steer_hydra/<name>` (the instance needs a pipeline: use `as_inspect_model`)."""
+    return SteeringPipelineModelAPI
+
+
+def _tag_class_with_registry_info() -> None:
+    """Let directly constructed instances carry the provider's registry name (so `str(Model(api, ...))` works)."""
+    try:
+        from inspect_ai._util.registry import registry_info, set_registry_info
+    except ImportError:  # pragma: no cover - Inspect moved its registry helpers; as_inspect_model still tags
+        return
+    set_registry_info(SteeringPipelineModelAPI, registry_info(steer_hydra))
+
+
+_tag_class_with_registry_info()
+
+
+def as_inspect_model(
+    pipeline: SteeringPipeline,
+    *,
+    options: ProviderOptions | None = None,
+    base_seed: int | None = None,
+    model_name: str = DEFAULT_MODEL_NAME,
+) -> Model:
+    """Wrap a steered pipeline as an Inspect `Model` named `steer_hydra/<model_name>`.
+
+    `model.api` is the `SteeringPipelineModelAPI`. Pass `max_connections=model.api.effective_max_batch` to
+    `inspect_ai.eval` / `eval_set` (see the module docstring); Inspect never closes the model, so call
+    `model.api.close()` and release the pipeline yourself when done.
+
+    Example:
+        >>> model = as_inspect_model(pipeline, options=ProviderOptions(max_batch_size=8))
+        >>> logs = inspect_ai.eval(task, model=model, max_connections=model.api.effective_max_batch, temperature=0)
+    """
+    api = steer_hydra(model_name, pipeline=pipeline, options=options, base_seed=base_seed)
+    return Model(api, GenerateConfig())
+
+
+def inspect_max_connections(model: Model) -> int:
+    """The `max_connections` to pass to Inspect for a model built by `as_inspect_model` (its batch ceiling)."""
+    api = model.api
+    if not isinstance(api, SteeringPipelineModelAPI):
+        raise TypeError(f"{model} is not a steer_hydra model; build it with as_inspect_model(pipeline).")
+    return api.effective_max_batch
