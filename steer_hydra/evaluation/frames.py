@@ -252,6 +252,13 @@ def _sort_samples(frame: pd.DataFrame, by: Sequence[str]) -> pd.DataFrame:
     return frame.sort_values(list(by), kind="stable", key=key).reset_index(drop=True)
 
 
+def _column_values(values: list[Any]) -> pd.Series:
+    """Floats become a float column; anything else (None, lists, dicts, strings) is kept raw in an object column."""
+    if values and all(isinstance(v, float) for v in values):
+        return pd.Series(values, dtype=float)
+    return pd.Series(values, dtype=object)
+
+
 def samples_frame(
     results: pd.DataFrame,
     log_root: str | Path | None,
@@ -300,7 +307,9 @@ def samples_frame(
                 row["completion"] = getattr(output, "completion", None)
             rows.append(row)
     columns = [*SAMPLE_ID_COLUMNS, *metadata_keys, *scores] + (["input", "completion"] if include_text else [])
-    frame = pd.DataFrame(rows, columns=columns)
+    data = {c: pd.Series([row[c] for row in rows]) for c in SAMPLE_ID_COLUMNS}
+    data.update({c: _column_values([row[c] for row in rows]) for c in columns[len(SAMPLE_ID_COLUMNS) :]})
+    frame = pd.DataFrame(data, columns=columns)
     return _sort_samples(frame, ["pipeline", "config_id", "trial_id", "sample_id"])
 
 

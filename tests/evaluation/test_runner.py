@@ -1,0 +1,351 @@
+"""SteeringEval.run: validation, preflight, protocol warnings, loop nesting, seeds, logs, records, failure."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import re
+import warnings
+from datetime import datetime
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import steer_hydra.evaluation.runner as runner_module
+from steer_hydra.controls.input import SystemPrompt
+from steer_hydra.core import InputControl
+from steer_hydra.core.identity import derive_trial_seed
+from steer_hydra.core.specs import ControlSpec
+from steer_hydra.evaluation.provider import ProviderOptions
+from steer_hydra.evaluation.runner import SteeringEval
+from steer_hydra.models import TINY_REF
+
+
+class Picky(InputControl):
+    supports_batching = True
+
+    def constraint_failures(self, backend_kind, hf_model_kwargs):
+        return ["needs attn_implementation='eager'. Fix: pass hf_model_kwargs={'attn_implementation': 'eager'}."]
+
+
+class Declares(InputControl):
+    RUNTIME_KWARGS_SCHEMA = [{"name": "substrings", "type": "list", "scope": "row"}]
+    supports_batching = True
+
+
+class Counting(InputControl):
+    supports_batching = True
+    cleanups = 0
+
+    def cleanup(self):
+        type(self).cleanups += 1
+
+
+class FakeSuite:
+    """Duck-typed InspectSuite: records run() calls and returns one task's metrics."""
+
+    def __init__(self, name="capability", generate_overrides=None, fail=False, events=None):
+        self.name = name
+        self.generate_overrides = dict(generate_overrides or {})
+        self.fail = fail
+        self.calls = []
+        self.events = events if events is not None else []
+
+    def run(self, pipeline, *, log_dir, options, base_seed, model_name, generate_defaults, display):
+        self.calls.append(
+            SimpleNamespace(
+                pipeline=pipeline,
+                log_dir=Path(log_dir),
+                options=options,
+                base_seed=base_seed,
+                model_name=model_name,
+                generate_defaults=generate_defaults,
+                display=display,
+            )
+        )
+        self.events.append(("run", self.name, model_name, base_seed))
+        if self.fail:
+            raise RuntimeError("Inspect eval_set failed for task(s): one (logs under somewhere)")
+        return {"one": {"metrics": {"acc/accuracy": 0.5, "acc/stderr": 0.1}, "n": 3, "log": "one.eval"}}
+
+
+@pytest.fixture
+def fake_factory(monkeypatch):
+    """Replace PipelineFactory: records construction, steered() nesting and release()."""
+    state = SimpleNamespace(instances=[], events=[], active=0, max_active=0, pipelines=[], released=0)
+
+    class FakeFactory:
+        backend_kind = "huggingface"
+        shared_base_fingerprint = "f" * 16
+
+        def __init__(self, base, **kwargs):
+            state.instances.append((base, kwargs))
+
+        def uses_shared_base(self, controls):
+            return True
+
+        @contextlib.contextmanager
+        def steered(self, controls):
+            state.active += 1
+            state.max_active = max(state.max_active, state.active)
+            pipeline = SimpleNamespace(
+                controls=list(controls), tokenizer=SimpleNamespace(chat_template="t"), model=None
+            )
+            state.pipelines.append(pipeline)
+            state.events.append(("enter", len(state.pipelines)))
+            try:
+                yield pipeline
+            finally:
+                state.active -= 1
+                state.events.append(("exit", len(state.pipelines)))
+
+        def release(self):
+            state.released += 1
+
+    monkeypatch.setattr(runner_module, "PipelineFactory", FakeFactory)
+    return state
+
+
+def _eval(tmp_path, pipelines=None, suites=None, **kwargs):
+    kwargs.setdefault("progress", False)
+    kwargs.setdefault("save_dir", tmp_path / "save")
+    return SteeringEval(
+        pipelines if pipelines is not None else {"baseline": []}, TINY_REF, suites or [FakeSuite()], **kwargs
+    )
+
+
+# ------------------------------------------------------------------------------------------ 97 constructor
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"pipelines": [[]]}, TypeError, "dict"),
+        ({"num_trials": 0}, ValueError, "num_trials"),
+        ({"on_unsupported": "ignore"}, ValueError, "on_unsupported"),
+        ({"suites": []}, ValueError, "suites"),
+        ({"suites": [FakeSuite("a"), FakeSuite("a")]}, ValueError, "distinct"),
+    ],
+)
+def test_constructor_errors(kwargs, error, match, tmp_path):
+    pipelines = kwargs.pop("pipelines", {"baseline": []})
+    suites = kwargs.pop("suites", [FakeSuite()])
+    with pytest.raises(error, match=match):
+        SteeringEval(pipelines, TINY_REF, suites, **kwargs)
+
+
+def test_arguments_become_attributes(tmp_path):
+    ev = _eval(tmp_path, num_trials=2, seed=3, display="plain")
+    assert (ev.num_trials, ev.seed, ev.display, ev.on_unsupported, ev.fit) == (2, 3, "plain", "raise", "auto")
+    assert ev._results is None and ev._log_root is None
+
+
+# ------------------------------------------------------------------------------------------ 98-99 preflight
+def test_unsupported_configurations_raise_before_any_model_work(fake_factory, tmp_path):
+    suite = FakeSuite()
+    ev = _eval(tmp_path, {"baseline": [], "bad": [Picky()], "bad2": [Picky()]}, [suite])
+    with pytest.raises(RuntimeError, match="Unsupported pipeline configuration") as info:
+        ev.run()
+    assert str(info.value).count("Picky") == 2
+    assert fake_factory.instances == [] and suite.calls == []
+
+
+def test_skip_warns_and_runs_the_others(fake_factory, tmp_path, caplog):
+    suite = FakeSuite()
+    ev = _eval(tmp_path, {"baseline": [], "bad": [Picky()]}, [suite], on_unsupported="skip")
+    with caplog.at_level(logging.WARNING, logger="steer_hydra.evaluation.runner"):
+        results = ev.run()
+    assert "Skipping unsupported configuration: bad" in caplog.text
+    assert results["bad"] == [] and len(results["baseline"]) == 1
+    assert [c.model_name for c in suite.calls] == ["baseline"]
+
+
+# ------------------------------------------------------------------------------------------ 100-101 warnings
+def test_seed_without_temperature_warns(fake_factory, tmp_path):
+    with pytest.warns(UserWarning, match="temperature"):
+        _eval(tmp_path, seed=1).run()
+
+
+@pytest.mark.parametrize(("defaults", "overrides"), [({"temperature": 0}, {}), ({}, {"temperature": 0.7})])
+def test_an_explicit_temperature_silences_the_seed_warning(fake_factory, tmp_path, defaults, overrides):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _eval(tmp_path, suites=[FakeSuite(generate_overrides=overrides)], seed=1, generate_defaults=defaults).run()
+
+
+def test_a_static_kwarg_no_arm_declares_is_reported_inert(fake_factory, tmp_path):
+    options = ProviderOptions(runtime_kwargs={"substrings": ["x"]})
+    with pytest.warns(UserWarning, match="inert on every arm"):
+        _eval(tmp_path, {"baseline": [], "sys": [SystemPrompt(text="x")]}, provider_options=options).run()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _eval(tmp_path, {"baseline": [], "d": [Declares()]}, provider_options=options).run()
+
+
+# ------------------------------------------------------------------------------------------ 102 save_dir
+def test_save_dir_is_created_with_parents(fake_factory, tmp_path):
+    target = tmp_path / "a" / "b" / "c"
+    _eval(tmp_path, save_dir=target).run()
+    assert target.is_dir()
+
+
+def test_without_save_dir_logs_go_to_a_temporary_dir(fake_factory, tmp_path, caplog):
+    ev = _eval(tmp_path, save_dir=None)
+    with caplog.at_level(logging.INFO, logger="steer_hydra.evaluation.runner"):
+        ev.run()
+    assert ev._log_root.name.startswith("steering-eval-")
+    assert "not resumable" in caplog.text
+
+
+# ------------------------------------------------------------------------------------------ 103-110 the loop
+def test_loop_nesting_seeds_log_dirs_and_forwarded_arguments(fake_factory, tmp_path):
+    events = []
+    cap, tgt = FakeSuite("capability", events=events), FakeSuite("target", events=events)
+    options = ProviderOptions(max_batch_size=2)
+    ev = _eval(
+        tmp_path,
+        {"baseline": [], "sys": [SystemPrompt(text="x")]},
+        [cap, tgt],
+        num_trials=2,
+        seed=5,
+        provider_options=options,
+        generate_defaults={"temperature": 0},
+    )
+    results = ev.run()
+    sys_id = results["sys"][0]["config_id"]
+    expected = [
+        (config, suite, derive_trial_seed(5, config, trial))
+        for config in ("baseline", sys_id)
+        for trial in (0, 1)
+        for suite in ("capability", "target")
+    ]
+    assert [(e[2], e[1], e[3]) for e in events] == expected
+    # one pipeline per configuration, built one at a time
+    assert fake_factory.events == [("enter", 1), ("exit", 1), ("enter", 2), ("exit", 2)]
+    assert fake_factory.max_active == 1
+    assert fake_factory.pipelines[0] is not fake_factory.pipelines[1]
+    assert {id(c.pipeline) for c in cap.calls} == {id(p) for p in fake_factory.pipelines}
+    assert fake_factory.released == 1
+    save = (tmp_path / "save").absolute()
+    assert cap.calls[1].log_dir == save / "inspect_logs" / "baseline" / "trial_1" / "capability"
+    assert all(c.options is options and c.generate_defaults == {"temperature": 0} for c in cap.calls + tgt.calls)
+    assert all(c.display == "none" for c in cap.calls)  # 109: the default display is forwarded
+    assert results["baseline"][1]["suites"]["capability"]["one"]["log"] == (
+        "inspect_logs/baseline/trial_1/capability/one.eval"
+    )
+    # 105: first 4 bytes, big-endian, of sha256("base:config:trial"); 2 configs x 2 trials: 4 distinct seeds
+    seeds = [r["seed"] for name in results for r in results[name]]
+    assert len(set(seeds)) == 4
+    digest = hashlib.sha256(f"5:{sys_id}:1".encode()).digest()
+    assert results["sys"][1]["seed"] == int.from_bytes(digest[:4], "big")
+
+
+def test_unseeded_runs_pass_no_seed(fake_factory, tmp_path):
+    suite = FakeSuite()
+    results = _eval(tmp_path, suites=[suite], num_trials=2).run()
+    assert [c.base_seed for c in suite.calls] == [None, None]
+    assert [r["seed"] for r in results["baseline"]] == [None, None]
+
+
+def test_display_is_forwarded(fake_factory, tmp_path):
+    suite = FakeSuite()
+    _eval(tmp_path, suites=[suite], display="plain").run()
+    assert suite.calls[0].display == "plain"
+
+
+def test_config_ids_and_run_records(fake_factory, tmp_path):
+    spec = ControlSpec(SystemPrompt, params={"mode": "append"}, vars={"text": ["a", "b"]}, name="sp")
+    results = _eval(
+        tmp_path,
+        {"baseline": [], "fixed": [SystemPrompt(text="x")], "sweep": [spec]},
+        seed=1,
+        generate_defaults={"temperature": 0},
+    ).run()
+    assert results["baseline"][0]["config_id"] == "baseline"
+    ids = [r["config_id"] for r in results["fixed"] + results["sweep"]]
+    assert all(re.fullmatch(r"[0-9a-f]{12}", i) for i in ids) and len(set(ids)) == 3
+    record = results["sweep"][1]
+    assert set(record) == {"trial_id", "seed", "config_id", "params", "suites", "provenance"}
+    assert results["baseline"][0]["params"] == {} and results["fixed"][0]["params"] == {}
+    assert record["params"] == {"sp": {"mode": "append", "text": "b"}}
+    assert record["suites"]["capability"]["one"]["metrics"] == {"acc/accuracy": 0.5, "acc/stderr": 0.1}
+    prov = record["provenance"]
+    for key in (
+        "toolkit_version",
+        "inspect_ai_version",
+        "inspect_evals_version",
+        "backend",
+        "prompt_path",
+        "shared_base_fingerprint",
+        "recorded_utc",
+        "model_fingerprint",
+        "base_seed",
+        "trial_seed",
+    ):
+        assert key in prov
+    assert prov["toolkit_version"] and prov["inspect_ai_version"]
+    assert prov["backend"] == "huggingface" and prov["prompt_path"] == "messages"
+    assert prov["shared_base_fingerprint"] == "f" * 16
+    assert (prov["base_seed"], prov["trial_seed"]) == (1, record["seed"])
+    assert datetime.fromisoformat(prov["recorded_utc"]).utcoffset().total_seconds() == 0
+
+
+def test_summary_and_cell_lines_and_progress_bar(fake_factory, tmp_path, caplog, monkeypatch):
+    bars = []
+    real_tqdm = runner_module.tqdm
+
+    def spy(*args, **kwargs):
+        bars.append(kwargs)
+        return real_tqdm(*args, **kwargs)
+
+    monkeypatch.setattr(runner_module, "tqdm", spy)
+    ev = _eval(tmp_path, {"baseline": [], "sys": [SystemPrompt(text="x")]}, num_trials=2)
+    with caplog.at_level(logging.INFO, logger="steer_hydra.evaluation.runner"):
+        ev.run()
+    assert "Evaluating 2 configuration(s) x 2 trial(s) x 1 suite(s) = 4 cell(s)" in caplog.text
+    assert [f"Cell {i}/4" in caplog.text for i in range(1, 5)] == [True] * 4
+    assert bars[0]["total"] == 4 and bars[0]["disable"] is True
+    _eval(tmp_path, progress=True).run()
+    assert bars[1]["disable"] is False
+
+
+def test_the_callers_log_level_survives_inspect(fake_factory, tmp_path):
+    class Lowering(FakeSuite):
+        def run(self, *args, **kwargs):
+            logging.getLogger().setLevel(logging.WARNING)  # what Inspect's first eval does
+            return super().run(*args, **kwargs)
+
+    root = logging.getLogger()
+    before = root.level
+    root.setLevel(logging.INFO)
+    try:
+        _eval(tmp_path, suites=[Lowering()]).run()
+        assert root.level == logging.INFO
+    finally:
+        root.setLevel(before)
+
+
+# ------------------------------------------------------------------------------------------ 111 failure
+def test_a_failing_suite_releases_everything_and_leaves_no_results(tmp_path, monkeypatch):
+    import gc
+
+    monkeypatch.setattr(gc, "collect", lambda *a: 0)
+    releases = []
+    original = runner_module.PipelineFactory.release
+
+    def spy(self):
+        releases.append(self)
+        return original(self)
+
+    monkeypatch.setattr(runner_module.PipelineFactory, "release", spy)
+    Counting.cleanups = 0
+    ev = SteeringEval(
+        {"arm": [Counting()]}, TINY_REF, [FakeSuite(fail=True)], progress=False, save_dir=tmp_path, device_map=None
+    )
+    with pytest.raises(RuntimeError, match="eval_set failed"):
+        ev.run()
+    assert Counting.cleanups == 1
+    assert len(releases) == 1 and releases[0]._base_model is None
+    assert ev._results is None
+    with pytest.raises(RuntimeError, match=r"run\(\)"):
+        ev.results()

@@ -1,0 +1,203 @@
+"""InspectSuite: validation, eval_set arguments, failure reporting, result flattening, location normalization."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import steer_hydra.evaluation.provider as provider_module
+from steer_hydra.evaluation.suite import InspectSuite, flatten_logs, normalize_location, smoke_suite
+
+
+def _log(task, location, *, status="success", metrics=None, n=3, scorer="includes"):
+    metrics = metrics or {"accuracy": 0.5, "stderr": 0.1}
+    results = SimpleNamespace(
+        scores=[SimpleNamespace(name=scorer, metrics={k: SimpleNamespace(value=v) for k, v in metrics.items()})],
+        completed_samples=n,
+    )
+    return SimpleNamespace(status=status, eval=SimpleNamespace(task=task), results=results, location=location)
+
+
+@pytest.fixture
+def fake_inspect(monkeypatch):
+    """Replace `as_inspect_model` and `eval_set`; record their calls; logs succeed unless told otherwise."""
+    import inspect_ai
+
+    state = SimpleNamespace(models=[], calls=[], status={}, closed=0)
+
+    class Api:
+        effective_max_batch = 4
+
+        def close(self):
+            state.closed += 1
+
+    def as_inspect_model(pipeline, *, options=None, base_seed=None, model_name="steering-pipeline"):
+        model = SimpleNamespace(api=Api(), name=f"steer_hydra/{model_name}")
+        state.models.append({"pipeline": pipeline, "options": options, "base_seed": base_seed, "model_name": model_name})
+        return model
+
+    def eval_set(tasks, log_dir, **kwargs):
+        state.calls.append({"tasks": list(tasks), "log_dir": log_dir, **kwargs})
+        logs = []
+        for task in tasks:
+            name = task if isinstance(task, str) else task.name
+            status = state.status.get(name, "success")
+            logs.append(_log(name, str(Path(log_dir) / f"{name.replace('/', '_')}.eval"), status=status))
+        return all(log.status == "success" for log in logs), logs
+
+    monkeypatch.setattr(provider_module, "as_inspect_model", as_inspect_model)
+    monkeypatch.setattr(inspect_ai, "eval_set", eval_set)
+    return state
+
+
+# ------------------------------------------------------------------------------------------ 87 validation
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"name": "", "tasks": ("a",)}, "name"),
+        ({"name": "s", "tasks": ()}, "tasks is empty"),
+        ({"name": "s", "tasks": ("a",), "limit": 0}, "limit"),
+        ({"name": "s", "tasks": ("a",), "sample_ids": {"b": (1,)}}, r"unknown task\(s\) \['b'\]"),
+    ],
+)
+def test_invalid_suites_raise(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        InspectSuite(**kwargs)
+
+
+def test_a_single_task_string_becomes_a_tuple():
+    assert InspectSuite(name="s", tasks="a/b").tasks == ("a/b",)
+
+
+# ------------------------------------------------------------------------------------------ 88-91 eval_set call
+def test_run_builds_one_model_and_calls_eval_set_once(fake_inspect, tmp_path):
+    suite = InspectSuite(
+        name="cap", tasks=("t/one", "t/two"), limit=5, task_args={"k": 1}, generate_overrides={"max_tokens": 64}
+    )
+    pipeline, options = object(), object()
+    out = suite.run(
+        pipeline,
+        log_dir=tmp_path,
+        options=options,
+        base_seed=11,
+        model_name="abc123",
+        generate_defaults={"temperature": 0, "max_tokens": 16},
+    )
+    assert fake_inspect.models == [{"pipeline": pipeline, "options": options, "base_seed": 11, "model_name": "abc123"}]
+    assert len(fake_inspect.calls) == 1
+    call = fake_inspect.calls[0]
+    assert call["tasks"] == ["t/one", "t/two"]
+    assert call["log_dir"] == str(tmp_path)
+    assert call["limit"] == 5
+    assert call["temperature"] == 0 and call["max_tokens"] == 64  # the suite's override wins
+    assert call["task_args"] == {"k": 1}
+    assert (call["epochs"], call["max_tasks"], call["display"], call["retry_attempts"], call["score"]) == (
+        1,
+        1,
+        "none",
+        3,
+        True,
+    )
+    assert call["max_connections"] == 4  # the provider's batch ceiling, passed explicitly
+    assert "model_roles" not in call
+    assert call["model"].name == "steer_hydra/abc123"
+    assert fake_inspect.closed == 1
+    assert set(out) == {"t/one", "t/two"}
+
+
+def test_score_display_model_roles_and_retry_are_forwarded(fake_inspect, tmp_path):
+    suite = InspectSuite(name="s", tasks=("t/a",), retry_attempts=0)
+    suite.run(object(), log_dir=tmp_path, display="plain", score=False, model_roles={"grader": "openai/gpt-4o"})
+    call = fake_inspect.calls[0]
+    assert call["score"] is False and call["display"] == "plain" and call["retry_attempts"] == 0
+    assert call["model_roles"] == {"grader": "openai/gpt-4o"}
+    assert call["limit"] is None
+
+
+def test_an_explicit_max_connections_wins(fake_inspect, tmp_path):
+    InspectSuite(name="s", tasks=("t/a",)).run(object(), log_dir=tmp_path, generate_defaults={"max_connections": 1})
+    assert fake_inspect.calls[0]["max_connections"] == 1
+
+
+def test_response_cache_is_refused(fake_inspect, tmp_path):
+    with pytest.raises(ValueError, match="cache"):
+        InspectSuite(name="s", tasks=("t/a",), generate_overrides={"cache": True}).run(object(), log_dir=tmp_path)
+    assert fake_inspect.calls == []
+
+
+# ------------------------------------------------------------------------------------------ 92 sample_ids
+def test_sample_ids_run_one_eval_set_per_task_in_its_own_dir(fake_inspect, tmp_path):
+    suite = InspectSuite(name="s", tasks=("ns/one", "ns/two"), limit=7, sample_ids={"ns/two": (3, "x")})
+    out = suite.run(object(), log_dir=tmp_path)
+    first, second = fake_inspect.calls
+    assert first["tasks"] == ["ns/one"] and first["log_dir"] == str(tmp_path / "ns_one") and first["limit"] == 7
+    assert second["tasks"] == ["ns/two"] and second["log_dir"] == str(tmp_path / "ns_two")
+    assert second["sample_id"] == [3, "x"] and "limit" not in second
+    assert out["ns/two"]["log"] == "ns_two/ns_two.eval"
+
+
+# ------------------------------------------------------------------------------------------ 93 failure
+def test_a_failed_eval_set_raises_naming_tasks_and_logs(fake_inspect, tmp_path):
+    fake_inspect.status = {"t/b": "error", "t/a": "cancelled"}
+    suite = InspectSuite(name="s", tasks=("t/c", "t/b", "t/a"))
+    with pytest.raises(RuntimeError, match=r"failed for task\(s\): t/a, t/b \(logs under ") as info:
+        suite.run(object(), log_dir=tmp_path)
+    assert str(tmp_path) in str(info.value)
+    assert fake_inspect.closed == 1  # the model is closed even on failure
+
+
+def test_a_failure_without_logs_says_unknown(monkeypatch, fake_inspect, tmp_path):
+    import inspect_ai
+
+    monkeypatch.setattr(inspect_ai, "eval_set", lambda tasks, log_dir, **kw: (False, []))
+    with pytest.raises(RuntimeError, match=r"task\(s\): unknown"):
+        InspectSuite(name="s", tasks=("t/a",)).run(object(), log_dir=tmp_path)
+
+
+# ------------------------------------------------------------------------------------------ 94-95 flattening
+def test_flattening_keys_metrics_by_scorer_and_keeps_stderr(tmp_path):
+    logs = [
+        _log("t/a", str(tmp_path / "a.eval"), metrics={"accuracy": 1.0, "stderr": 0.0}, n=4),
+        SimpleNamespace(status="success", eval=SimpleNamespace(task="t/b"), results=None, location="b.eval"),
+    ]
+    out = flatten_logs(logs, tmp_path)
+    assert out["t/a"] == {"metrics": {"includes/accuracy": 1.0, "includes/stderr": 0.0}, "n": 4, "log": "a.eval"}
+    assert out["t/b"] == {"metrics": {}, "n": 0, "log": "b.eval"}
+
+
+def test_location_normalization(tmp_path):
+    assert normalize_location((tmp_path / "x" / "a.eval").as_uri(), tmp_path) == "x/a.eval"
+    assert normalize_location(str(tmp_path / "a.eval"), tmp_path) == "a.eval"
+    assert normalize_location("s3://bucket/logs/a.eval", tmp_path) == "s3://bucket/logs/a.eval"
+    assert normalize_location("rel/a.eval", tmp_path) == "rel/a.eval"
+    assert normalize_location("/elsewhere/a.eval", tmp_path) == "/elsewhere/a.eval"
+
+
+# ------------------------------------------------------------------------------------------ 96 real Task object
+def test_a_task_object_runs_end_to_end_on_the_tiny_model(make_pipeline, tmp_path):
+    from inspect_ai import Task
+    from inspect_ai.dataset import MemoryDataset, Sample
+    from inspect_ai.scorer import includes
+    from inspect_ai.solver import generate
+
+    task = Task(
+        dataset=MemoryDataset([Sample(input=f"say {w}", target=w) for w in ("red", "blue", "green")]),
+        solver=[generate()],
+        scorer=includes(),
+        name="tiny_includes",
+    )
+    suite = InspectSuite(name="tiny", tasks=(task,), generate_overrides={"temperature": 0, "max_tokens": 4})
+    out = suite.run(make_pipeline(), log_dir=tmp_path)
+    result = out["tiny_includes"]
+    assert set(result["metrics"]) == {"includes/accuracy", "includes/stderr"}
+    assert result["n"] == 3
+    assert (tmp_path / result["log"]).exists()
+
+
+def test_smoke_suite_lists_the_builtin_tasks():
+    suite = smoke_suite(limit=2)
+    assert suite.name == "smoke" and suite.limit == 2
+    assert suite.tasks == ("steer_hydra/short_answer", "steer_hydra/mcqa", "steer_hydra/instruction_following")
+    assert suite.generate_overrides["temperature"] == 0.0
