@@ -35,7 +35,9 @@ def fake_inspect(monkeypatch):
 
     def as_inspect_model(pipeline, *, options=None, base_seed=None, model_name="steering-pipeline"):
         model = SimpleNamespace(api=Api(), name=f"steer_hydra/{model_name}")
-        state.models.append({"pipeline": pipeline, "options": options, "base_seed": base_seed, "model_name": model_name})
+        state.models.append(
+            {"pipeline": pipeline, "options": options, "base_seed": base_seed, "model_name": model_name}
+        )
         return model
 
     def eval_set(tasks, log_dir, **kwargs):
