@@ -6,7 +6,7 @@ flight per backend. Transport errors (connection refused or dropped, timeouts) a
 `max_retries` times with exponential backoff (`retry_backoff * 2**attempt` seconds); HTTP errors are never
 retried and raise `ServerError` carrying the server's own message.
 
-Token ids come back exactly through vLLM's `return_token_ids` request extension (vLLM >= 0.10.2 answers with
+Token ids come back exactly through vLLM's `return_token_ids` request extension (recent vLLM answers with
 `choices[i].token_ids`). A server that ignores it (an older vLLM, another OpenAI-compatible server) answers
 text only; then the text (requested with special tokens kept) is re-tokenized with the client tokenizer and
 the stop token the server reports (`stop_reason`, else eos on a `stop` finish) is appended. That fallback is

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 import types
 from typing import Any
@@ -108,9 +109,12 @@ def test_missing_extra_raises_an_import_error_naming_it(monkeypatch):
 
 
 def test_check_and_the_module_never_import_vllm(monkeypatch):
-    monkeypatch.setitem(sys.modules, "vllm", None)
-    module = importlib.reload(importlib.import_module("steer_hydra.backends.vllm"))
-    assert backend_class("vllm").__name__ == module.VLLMBackend.__name__
+    monkeypatch.setitem(sys.modules, "vllm", None)  # any `import vllm` now raises ImportError
+    source = importlib.import_module("steer_hydra.backends.vllm").__file__
+    spec = importlib.util.spec_from_file_location("_vllm_backend_probe", source)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)  # a fresh execution of the module, without vllm
+    assert probe.VLLMBackend.capabilities == backend_class("vllm").capabilities
     pipeline = SteeringPipeline(TINY_REF, controls=[SystemPrompt(text="Be brief.")], backend="vllm")
     assert pipeline.check().ok
 
