@@ -198,9 +198,11 @@ def test_batch_request_is_slotted_identity_compared():
 # ---------------------------------------------------------------------- the leader protocol (items 67-75, 80)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_leader_takes_same_key_records_in_queue_order(backend):
-    pipeline = StubPipeline()
+    gate = threading.Event()
+    pipeline = StubPipeline(gate=gate)
     collator = make(pipeline, ceiling=3)
     fast, slow = {"max_new_tokens": 4}, {"max_new_tokens": 8}
+    blocker = admit(collator, "p0")
     records = [
         admit(collator, "p1", gen=fast),
         admit(collator, "p2", gen=slow),
@@ -209,14 +211,30 @@ def test_leader_takes_same_key_records_in_queue_order(backend):
         admit(collator, "p5", gen=fast),
         admit(collator, "p6", n=2),
     ]
-    outputs = anyio.run(serve_all, collator, records, backend=backend)
-    firsts = [
+    outputs = {}
+
+    async def one(record, *, task_status=anyio.TASK_STATUS_IGNORED):
+        task_status.started()  # serve() enqueues before its first yield, so queue order is start order
+        outputs[_ident(record.prompt)] = await collator.serve(record)
+
+    async def main():
+        async with anyio.create_task_group() as tg:
+            await tg.start(one, blocker)
+            await anyio.to_thread.run_sync(pipeline.started.wait)  # p0 is in flight alone
+            for record in records:
+                await tg.start(one, record)
+            gate.set()
+
+    anyio.run(main, backend=backend)
+    dispatched = [
         [_ident(p) for p in c["prompts"]] if c.get("n", 1) == 1 else [_ident(c["prompts"])] for c in pipeline.calls
     ]
-    assert firsts[0] == [1, 3, 4]  # leader plus the next two fast records, in queue order (ceiling 3)
-    assert sorted(map(tuple, firsts[1:])) == [(2,), (5,), (6,)]
-    assert [int(o.output_ids[0, 0]) for o in outputs] == [1, 2, 3, 4, 5, 6]
-    assert outputs[5].output_ids.shape == (2, 1)  # the multi-candidate request dispatched alone with n=2
+    assert dispatched[0] == [0]
+    assert dispatched[1] == [1, 3, 4]  # the next leader plus two same-key records, in queue order (ceiling 3)
+    assert sorted(map(tuple, dispatched[2:])) == [(2,), (5,), (6,)]
+    assert [int(outputs[i].output_ids[0, 0]) for i in range(7)] == list(range(7))
+    assert outputs[6].output_ids.shape == (2, 1)  # the multi-candidate request dispatched alone with n=2
+    assert len(pipeline.calls) == 5
     assert collator._queue == []
 
 

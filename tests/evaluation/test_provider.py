@@ -37,6 +37,9 @@ from steer_hydra.evaluation.provider import (
 )
 from steer_hydra.models import TinySpec, build_tiny_tokenizer
 
+# Inspect's retry helper still passes a deprecated tenacity argument.
+pytestmark = pytest.mark.filterwarnings("ignore:The 'initial' parameter is deprecated:DeprecationWarning")
+
 
 class Declares:
     """A stand-in control: only what the provider reads (`enabled`, `RUNTIME_KWARGS_SCHEMA`)."""
