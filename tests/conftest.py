@@ -25,7 +25,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
-        if "gpu" in item.keywords or "vllm" in item.keywords:
+        if item.get_closest_marker("gpu") or item.get_closest_marker("vllm"):
             item.add_marker(skip)
 
 
