@@ -32,7 +32,6 @@ from steer_hydra.core.params import GenerationParams
 
 # The op name the pipeline uses for per-row seeds of a `generate()` call (`derive_item_seed(seed, op, row)`);
 # engine backends derive the same seeds, so `seed_scope="dispatch"` and `"item"` give identical rows there.
-SEED_OP = "generate"
 ROLLOUT_SEED_OP = "rollout"
 BEAM_FIX = (
     "Beam proposals (num_beams > 1, as DeAL's beam search uses) run only in process: use backend=huggingface, "
@@ -85,16 +84,13 @@ def sampling_fields(params: GenerationParams, *, seed: int | None = None) -> dic
 
 
 def row_seeds(params: GenerationParams, seeds: Sequence[int | None], rows: int) -> list[int | None]:
-    """One seed per prompt row: the pipeline's per-row seeds, or per-row item seeds under `seed_scope="dispatch"`.
+    """One seed per prompt row, as the pipeline derived them (None for greedy calls).
 
-    On an engine every request carries its own seed and requests batch together whatever their seeds, so there
-    is no reason to share one seed across rows (which would make identical prompts sample identically):
-    `seed_scope` is inert and rows always get `derive_item_seed(seed, "generate", row)`.
+    Engine backends set `batches_distinct_seeds`, so the pipeline derives one item seed per row whatever
+    `seed_scope` says: every request carries its own seed and requests batch together anyway.
     """
     if params.greedy:
         return [None] * rows
-    if params.seed is not None and params.seed_scope == "dispatch":
-        return [derive_item_seed(params.seed, SEED_OP, i) for i in range(rows)]
     seeds = list(seeds) if seeds else [None] * rows
     if len(seeds) != rows:
         raise ValueError(f"Got {len(seeds)} seeds for {rows} prompt rows; pass one seed per row.")

@@ -518,10 +518,13 @@ class SteeringPipeline:
         return processors, criteria
 
     def _row_seeds(self, params: GenerationParams, batch: int) -> list[int | None]:
-        """Per-row seeds: none for greedy or unseeded calls; one shared (`dispatch`) or one per row (`item`)."""
+        """Per-row seeds: none for greedy or unseeded calls; one shared (`dispatch`) or one per row (`item`).
+
+        On backends that batch distinct seeds (engines) every row gets its own seed and `seed_scope` is inert.
+        """
         if params.greedy or params.seed is None:
             return [None] * batch
-        if params.seed_scope == "item":
+        if params.seed_scope == "item" or self._backend.batches_distinct_seeds:
             return [derive_item_seed(params.seed, _SEED_OP, i) for i in range(batch)]
         return [derive_item_seed(params.seed, _SEED_OP, 0)] * batch
 

@@ -69,14 +69,10 @@ def test_unmapped_generation_kwarg_is_refused_by_name():
     refuse_extra(GenerationParams.from_kwargs(max_new_tokens=4), "vllm")  # nothing extra: no error
 
 
-def test_seed_scope_is_inert_every_row_gets_its_item_seed():
+def test_row_seeds_pass_the_pipeline_seeds_through():
     item = GenerationParams.from_kwargs(do_sample=True, seed=5, seed_scope="item")
-    dispatch = item.replace(seed_scope="dispatch")
     expected = [derive_item_seed(5, "generate", i) for i in range(3)]
-    shared = [derive_item_seed(5, "generate", 0)] * 3  # what the pipeline passes under "dispatch"
-    assert row_seeds(dispatch, shared, 3) == expected
     assert row_seeds(item, expected, 3) == expected
-    assert len(set(expected)) == 3
     assert row_seeds(GenerationParams.from_kwargs(seed=5), expected, 3) == [None] * 3  # greedy: no seeds
     with pytest.raises(ValueError, match="2 seeds for 3 prompt rows"):
         row_seeds(item, expected[:2], 3)
