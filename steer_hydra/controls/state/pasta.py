@@ -4,9 +4,11 @@ How it runs: `steer()` registers an attention function (and the matching mask fu
 their mask) with transformers' attention interface under `steer_hydra_pasta_<original>` and switches the model
 to it; `cleanup()` switches back. The function delegates to the original implementation (`sdpa` or the model's
 own `eager`) unchanged unless a call is active: `get_hooks()` returns a HookSet whose `context` entry publishes the
-call's per-row column biases in a ContextVar for the duration of that call only. For the selected (layer, heads),
-the bias is added to the attention logits: with `sdpa` as sdpa's additive `position_bias`, with `eager` folded
-into the additive mask. Other layers, other heads, and calls without PASTA data take the original path.
+call's per-row column biases in a ContextVar for the duration of that call only, and whose `pre` hooks on the
+selected attention modules note which absolute columns their keys cover (sliding-window caches hold only the
+last positions). For the selected (layer, heads), the bias is added to the attention logits: with `sdpa` as
+sdpa's additive `position_bias`, with `eager` folded into the additive mask. Other layers, other heads, and
+calls without PASTA data take the original path.
 
 Scale positions (shift = log(alpha), added to the logits of prompt columns, so weights scale by alpha):
 - `include`: non-span prompt columns get `-log(alpha)` (use alpha > 1: the spans gain attention);
@@ -32,6 +34,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from steer_hydra.controls.state.residual import past_length
 from steer_hydra.controls.state.spans import substrings_per_row, token_spans
 from steer_hydra.core.controls import BaseArgs, HookControl, HookSet
 from steer_hydra.core.layout import ModelLayout, resolve_layout
@@ -61,27 +64,43 @@ class PastaCall:
 
     `bias_for(module, query, key)` returns the additive logit bias `[batch, heads, 1, kv_len]` for a targeted
     module (zero on unselected heads and on columns past the prompt), or None for any other module.
+
+    Which absolute columns the keys cover: a pre-hook on each targeted module (`record_query_end`) notes where
+    this forward's queries end (cached positions plus new ones). Keys then cover `[end - kv_len, end)`, which is
+    right for full-attention caches (`kv_len == end`) and for sliding-window caches holding only the last
+    positions; when there are at least `end` keys (a static cache, or no record) they start at column 0.
     """
 
-    __slots__ = ("columns", "targets", "_buffers")
+    __slots__ = ("columns", "targets", "_buffers", "_ends")
 
     def __init__(self, columns: torch.Tensor, targets: Mapping[int, tuple[int, ...]], num_heads: int) -> None:
         self.columns = columns
         self.targets = {key: _head_weights(heads, num_heads) for key, heads in targets.items()}
         self._buffers: dict[tuple, torch.Tensor] = {}
+        self._ends: dict[int, int] = {}
+
+    def record_query_end(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        """Forward pre-hook on a targeted attention module: remember where this forward's queries end."""
+        hidden = args[0] if args else kwargs.get("hidden_states")
+        layer_index = getattr(module, "layer_idx", None)
+        if hidden is None or layer_index is None:
+            return
+        self._ends[id(module)] = past_length(kwargs, layer_index) + hidden.shape[1]
 
     def bias_for(self, module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor | None:
         heads = self.targets.get(id(module))
         if heads is None:
             return None
         batch, kv_len = query.shape[0], key.shape[-2]
+        end = self._ends.get(id(module), kv_len)
+        start = end - kv_len if end > kv_len else 0
         cache_key = (id(heads), batch, query.dtype, query.device)
         buffer = self._buffers.get(cache_key)
-        if buffer is None or buffer.shape[-1] < kv_len:
-            capacity = max(kv_len, 2 * buffer.shape[-1] if buffer is not None else self.columns.shape[1] + 64)
-            buffer = self._build(heads, batch, capacity, query.dtype, query.device)
+        if buffer is None or buffer.shape[-1] < start + kv_len:
+            grown = 2 * buffer.shape[-1] if buffer is not None else self.columns.shape[1] + 64
+            buffer = self._build(heads, batch, max(start + kv_len, grown), query.dtype, query.device)
             self._buffers[cache_key] = buffer
-        return buffer[..., :kv_len]
+        return buffer[..., start : start + kv_len]
 
     def _build(
         self, heads: torch.Tensor, batch: int, capacity: int, dtype: torch.dtype, device: torch.device
@@ -334,9 +353,12 @@ class PASTA(HookControl):
         if not bool(columns.any()):
             return {}
         model = kwargs.get("model")
-        targets = self._module_targets(model, width, kwargs.get("params"))
+        targets = self._module_targets(model)
         call = PastaCall(columns, targets, self._layout.num_heads)
-        return {"context": [functools.partial(_activated, call)]}
+        return {
+            "pre": [{"module": path, "hook_func": call.record_query_end} for path in self._targets],
+            "context": [functools.partial(_activated, call)],
+        }
 
     def _span_columns(
         self, input_ids: torch.Tensor, mask: torch.Tensor, runtime_kwargs: Mapping[str, Any], shift: float
@@ -379,27 +401,14 @@ class PASTA(HookControl):
                     f"PASTA: substring {substring!r} was not found in the prompt; it is skipped.", stacklevel=4
                 )
 
-    def _module_targets(self, model: Any, width: int, params: Any) -> dict[int, tuple[int, ...]]:
+    def _module_targets(self, model: Any) -> dict[int, tuple[int, ...]]:
         if model is None:
             raise RuntimeError("PASTA.get_hooks needs model= (the pipeline passes the live model).")
         cached = self._module_ids.get(id(model))
         if cached is None:
             cached = {id(model.get_submodule(path)): heads for path, heads in self._targets.items()}
             self._module_ids = {id(model): cached}
-            self._check_windows(model, width, params)
         return cached
-
-    def _check_windows(self, model: Any, width: int, params: Any) -> None:
-        budget = width + int(getattr(params, "max_new_tokens", 0) or 0)
-        for path in self._targets:
-            window = getattr(model.get_submodule(path), "sliding_window", None)
-            if isinstance(window, int) and window < budget and path not in self._warned:
-                self._warned.add(path)
-                warnings.warn(
-                    f"PASTA steers sliding-window layer {path!r} (window {window}) on sequences up to {budget} "
-                    "tokens; columns are assumed to start at position 0, which holds only inside the window.",
-                    stacklevel=4,
-                )
 
 
 def normalize_head_config(head_config: Any) -> dict[int, tuple[int, ...] | None]:

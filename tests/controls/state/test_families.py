@@ -14,7 +14,7 @@ PROMPTS = ["the capital of france is paris and the river", "count one two three"
 SUBSTRINGS = [["paris"], ["two"]]
 
 
-def _model(model_type: str, attn: str, vocab: int):
+def _model(model_type: str, attn: str, vocab: int, **overrides):
     config = AutoConfig.for_model(
         model_type,
         hidden_size=32,
@@ -27,6 +27,7 @@ def _model(model_type: str, attn: str, vocab: int):
         pad_token_id=0,
         bos_token_id=1,
         eos_token_id=2,
+        **overrides,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
@@ -84,3 +85,27 @@ def test_caa_hooks_the_layer_output_of_gemma(record_inputs, apply_hooks):
     with torch.no_grad(), apply_hooks(model, caa.get_hooks(ids, {}, model=model)), record_inputs(layer1) as steered:
         model(input_ids=ids)
     torch.testing.assert_close(steered.inputs[0] - plain.inputs[0], (2.0 * vector).expand_as(plain.inputs[0]))
+
+
+def test_pasta_on_sliding_window_layers_past_the_window_matches_uncached_decoding():
+    tokenizer = build_tiny_tokenizer()
+    outputs = {}
+    for name, controls, cache in (
+        ("cached", [PASTA(head_config=[0, 1], alpha=0.001)], True),
+        ("uncached", [PASTA(head_config=[0, 1], alpha=0.001)], False),
+        ("unsteered", [], True),
+    ):
+        model = _model("gemma3_text", "sdpa", len(tokenizer), sliding_window=4)
+        pipeline = SteeringPipeline(model=model, tokenizer=tokenizer, controls=controls, device="cpu").steer()
+        out = pipeline.generate(
+            text=PROMPTS,
+            max_new_tokens=8,
+            use_cache=cache,
+            runtime_kwargs={"substrings": SUBSTRINGS},
+            return_output=True,
+        )
+        outputs[name] = [o.output_ids[0].tolist() for o in out]
+        pipeline.release()
+    # with a KV cache the sliding layers only hold the last positions; the bias must follow their columns
+    assert outputs["cached"] == outputs["uncached"]
+    assert outputs["cached"] != outputs["unsteered"]

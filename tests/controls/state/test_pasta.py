@@ -272,3 +272,21 @@ def test_generation_scale_position_shifts_every_prompt_column(make_pipeline):
     hooks = control.get_hooks(encoded["input_ids"], {}, attention_mask=encoded["attention_mask"], model=pipeline.model)
     columns = hooks["context"][0].args[0].columns
     torch.testing.assert_close(columns, encoded["attention_mask"].float() * math.log(3.0))
+
+
+def test_generic_eager_fallback_matches_the_model_eager():
+    from transformers.models.llama import modeling_llama
+
+    from steer_hydra.controls.state.pasta import _eager_for, _generic_eager
+
+    model, _ = build_tiny_model(TinySpec(num_key_value_heads=2))
+    attention = model.get_submodule("model.layers.0.self_attn")
+    assert _eager_for(type(attention)) is modeling_llama.eager_attention_forward
+    assert _eager_for(torch.nn.Linear) is _generic_eager
+    generator = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(2, h, 5, 16, generator=generator) for h in (4, 2, 2))
+    mask = torch.where(torch.rand(2, 1, 5, 5, generator=generator) > 0.3, 0.0, torch.finfo(torch.float32).min)
+    expected = modeling_llama.eager_attention_forward(attention, query, key, value, mask, scaling=0.25)
+    actual = _generic_eager(attention, query, key, value, mask, scaling=0.25)
+    for a, e in zip(actual, expected, strict=True):
+        torch.testing.assert_close(a, e)
