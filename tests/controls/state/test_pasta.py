@@ -290,3 +290,12 @@ def test_generic_eager_fallback_matches_the_model_eager():
     actual = _generic_eager(attention, query, key, value, mask, scaling=0.25)
     for a, e in zip(actual, expected, strict=True):
         torch.testing.assert_close(a, e)
+
+
+def test_beam_expanded_batches_keep_each_row_on_its_own_spans(make_pipeline):
+    pipeline = make_pipeline([PASTA(head_config=[0, 1], alpha=0.01)])
+    kwargs = {"max_new_tokens": 5, "num_beams": 3, "return_output": True}
+    batched = pipeline.generate(text=PROMPTS, runtime_kwargs={"substrings": SUBSTRINGS}, **kwargs)
+    for i, prompt in enumerate(PROMPTS):
+        alone = pipeline.generate(text=prompt, runtime_kwargs={"substrings": [SUBSTRINGS[i]]}, **kwargs)
+        assert batched[i].output_ids[0].tolist() == alone.output_ids[0].tolist()
