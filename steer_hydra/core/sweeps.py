@@ -7,8 +7,8 @@ Invariants:
   the same configuration gets the same id (and log directory) in every run;
 - `PipelineFactory.steered()` holds at most one configuration's pipeline at a time and always releases it;
   Hugging Face configurations without an enabled structural control share one preloaded base model, and a
-  tripwire (weights fingerprint, registered hooks, attention implementation, tokenizer) drops that base when a
-  configuration left it changed, so the next configuration never sees another configuration's edits.
+  tripwire (model fingerprint, sampled weights, registered hooks, attention implementation, tokenizer) drops
+  that base when a configuration left it changed, so the next configuration never sees another's edits.
 """
 
 from __future__ import annotations
@@ -196,6 +196,24 @@ def _hook_count(model: torch.nn.Module) -> int:
     )
 
 
+def _weights_probe(model: torch.nn.Module, per_tensor: int = 256) -> str:
+    """A cheap digest of every parameter: a strided sample of `per_tensor` values each (plus shapes).
+
+    `model_fingerprint` hashes all weights only for small models; this catches in-place edits of large ones
+    (merged adapters, added biases) without reading every weight. Offloaded (meta) tensors are skipped.
+    """
+    digest = hashlib.sha256()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            digest.update(f"{name}:{tuple(param.shape)}:{param.dtype}".encode())
+            if param.device.type == "meta" or param.numel() == 0:
+                continue
+            flat = param.detach().reshape(-1)
+            sample = flat[:: max(1, flat.numel() // per_tensor)][:per_tensor]
+            digest.update(sample.float().cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
 def _tokenizer_state(tokenizer: Any) -> str:
     payload = f"{len(tokenizer) if tokenizer is not None else None}|{getattr(tokenizer, 'chat_template', None)}"
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
@@ -292,6 +310,7 @@ class PipelineFactory:
         model = self._base_model
         return (
             model_fingerprint(model),
+            _weights_probe(model),
             _hook_count(model),
             getattr(getattr(model, "config", None), "_attn_implementation", None),
             _tokenizer_state(self._base_tokenizer),

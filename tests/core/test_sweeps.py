@@ -233,6 +233,17 @@ def test_tripwire_drops_a_base_left_changed(culprit, caplog):
     factory.release()
 
 
+def test_tripwire_samples_weights_when_the_fingerprint_does_not_hash_them(monkeypatch, caplog):
+    import steer_hydra.core.sweeps as sweeps
+
+    monkeypatch.setattr(sweeps, "model_fingerprint", lambda model: "config-only")  # as for a large model
+    factory = PipelineFactory(TINY_REF, device_map=None)
+    with caplog.at_level(logging.WARNING, logger="steer_hydra.core.sweeps"), factory.steered([Vandal()]):
+        pass
+    assert "Vandal" in caplog.text and factory._base_model is None
+    factory.release()
+
+
 def test_tripwire_keeps_a_base_restored_by_cleanup(caplog):
     factory = PipelineFactory(TINY_REF, device_map=None)
     with caplog.at_level(logging.WARNING, logger="steer_hydra.core.sweeps"):
