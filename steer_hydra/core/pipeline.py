@@ -532,9 +532,15 @@ class SteeringPipeline:
         return {name for name, scope in declared_scopes(self.controls).items() if scope == "row"}
 
     def _repeat_rows(self, runtime_kwargs: dict[str, Any], batch: int, repeat: int) -> dict[str, Any]:
+        """Repeat each row's value of row-scoped kwargs `repeat` times (rows are repeated for n candidates)."""
         out = dict(runtime_kwargs)
+        schema = runtime_kwargs_schema(self.controls)
         for name in self._row_scoped() & set(out):
-            values = row_values(out[name], batch)
+            value = out[name]
+            if batch == 1 and _is_flat_row_value(value, schema[name]):
+                out[name] = [list(value) for _ in range(repeat)]  # one row's flat list, e.g. substrings=["x"]
+                continue
+            values = row_values(value, batch)
             if values is not None:
                 out[name] = [v for v in values for _ in range(repeat)]
         return out
@@ -584,6 +590,14 @@ class SteeringPipeline:
             for t in self.tokenizer.batch_decode(continuations, skip_special_tokens=True)
         ]
         return texts[0] if prompt.single else texts
+
+
+def _is_flat_row_value(value: Any, entry: Mapping[str, Any]) -> bool:
+    """Whether `value` is one row's value of a list-typed kwarg (a flat list) rather than a per-row list."""
+    declared_list = str(entry.get("type", "")).startswith("list")
+    return (
+        declared_list and isinstance(value, (list, tuple)) and bool(value) and not isinstance(value[0], (list, tuple))
+    )
 
 
 # ---------------------------------------------------------------------- tensor helpers

@@ -320,3 +320,21 @@ def test_row_scoped_kwargs_follow_rows_under_n_and_item_seeds(tiny):
         TEXTS[:2], runtime_kwargs={"tag": ["a", "b"]}, max_new_tokens=2, temperature=1.0, seed=1, seed_scope="item"
     )
     assert control.seen == [(1, ["a"]), (1, ["b"])]
+
+
+class FlatListControl(RecordingControl):
+    RUNTIME_KWARGS_SCHEMA = [{"name": "tag", "type": "list[str]", "scope": "row"}]
+
+
+def test_flat_list_row_value_at_batch_one_is_repeated_whole_for_n(tiny):
+    model, tok = tiny
+    control = FlatListControl()
+    pipeline = SteeringPipeline(model=model, tokenizer=tok, controls=[control], device="cpu").steer()
+    pipeline.generate(
+        "hi", runtime_kwargs={"tag": ["x", "y"]}, max_new_tokens=2, n=3, temperature=1.0, return_output=True
+    )
+    assert control.seen[-1] == (3, [["x", "y"]] * 3)
+    pipeline.generate(
+        "hi", runtime_kwargs={"tag": [["x", "y"]]}, max_new_tokens=2, n=2, temperature=1.0, return_output=True
+    )
+    assert control.seen[-1] == (2, [["x", "y"]] * 2)
