@@ -27,6 +27,7 @@ from typing import Any
 import pandas as pd
 from tqdm.auto import tqdm
 
+from steer_hydra.core.controls import declared_scopes
 from steer_hydra.core.identity import derive_trial_seed, model_fingerprint
 from steer_hydra.core.rendering import has_chat_template
 from steer_hydra.core.sweeps import PipelineFactory, expand_configurations, preflight
@@ -295,6 +296,7 @@ class SteeringEval:
             "prompt_path": ("messages" if has_chat_template(tokenizer) else "text") if tokenizer is not None else None,
             "shared_base_fingerprint": factory.shared_base_fingerprint if factory.uses_shared_base(controls) else None,
             "model_fingerprint": model_fingerprint(model) if model is not None else None,
+            **_control_provenance(pipeline, controls, self.provider_options),
         }
 
     # ------------------------------------------------------------------------------------------ frames
@@ -354,6 +356,26 @@ class SteeringEval:
         """`frames.paired_deltas` of one (suite, task) of this run against `baseline`."""
         samples = self.samples_frame(scores, suite=suite, task=task)
         return paired_deltas(samples, scores, baseline=baseline, **kwargs)
+
+
+def _control_provenance(pipeline: Any, controls: Sequence[Any], options: Any) -> dict[str, Any]:
+    """What the arm's controls mean for the provider: batch ceiling, declared and inert static kwargs, vectors."""
+    if options is None:
+        from steer_hydra.evaluation.provider import ProviderOptions  # the suite runs Inspect anyway
+
+        options = ProviderOptions()
+    declared = declared_scopes(controls)
+    static = options.runtime_kwargs or {}
+    return {
+        "effective_max_batch": options.max_batch_size if pipeline.supports_batching else 1,
+        "declared_runtime_kwargs": declared,
+        "inert_static_runtime_kwargs": sorted(set(static) - set(declared)),
+        "steering_vector_hashes": {
+            f"{type(c).__name__}[{i}]": c.vector_hash
+            for i, c in enumerate(controls)
+            if getattr(c, "enabled", True) and getattr(c, "vector_hash", None)
+        },
+    }
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 import steer_hydra.evaluation.runner as runner_module
-from steer_hydra.controls.input import SystemPrompt
+from steer_hydra.controls.input import FewShot, SystemPrompt
 from steer_hydra.core import InputControl
 from steer_hydra.core.identity import derive_trial_seed
 from steer_hydra.core.specs import ControlSpec
@@ -91,7 +91,10 @@ def fake_factory(monkeypatch):
             state.active += 1
             state.max_active = max(state.max_active, state.active)
             pipeline = SimpleNamespace(
-                controls=list(controls), tokenizer=SimpleNamespace(chat_template="t"), model=None
+                controls=list(controls),
+                tokenizer=SimpleNamespace(chat_template="t"),
+                model=None,
+                supports_batching=all(c.supports_batching for c in controls),
             )
             state.pipelines.append(pipeline)
             state.events.append(("enter", len(state.pipelines)))
@@ -288,6 +291,23 @@ def test_config_ids_and_run_records(fake_factory, tmp_path):
     assert prov["shared_base_fingerprint"] == "f" * 16
     assert (prov["base_seed"], prov["trial_seed"]) == (1, record["seed"])
     assert datetime.fromisoformat(prov["recorded_utc"]).utcoffset().total_seconds() == 0
+    assert prov["effective_max_batch"] == 8 and prov["declared_runtime_kwargs"] == {}
+    assert prov["steering_vector_hashes"] == {}
+
+
+def test_provenance_names_batch_ceiling_inert_static_kwargs_and_vectors(fake_factory, tmp_path):
+    class ActAdd(InputControl):  # a stand-in: a non-batching control with a (fitted) vector
+        vector_hash = "0123456789abcdef"
+
+    actadd = ActAdd()
+    options = ProviderOptions(max_batch_size=4, runtime_kwargs={"substrings": ["x"], "positive_examples": []})
+    results = _eval(tmp_path, {"actadd": [actadd], "few": [FewShot()]}, provider_options=options).run()
+    act, few = results["actadd"][0]["provenance"], results["few"][0]["provenance"]
+    assert act["effective_max_batch"] == 1 and few["effective_max_batch"] == 4
+    assert act["inert_static_runtime_kwargs"] == ["positive_examples", "substrings"]
+    assert few["inert_static_runtime_kwargs"] == ["substrings"]
+    assert few["declared_runtime_kwargs"] == {"positive_examples": "call", "negative_examples": "call"}
+    assert act["steering_vector_hashes"] == {"ActAdd[0]": "0123456789abcdef"}
 
 
 def test_summary_and_cell_lines_and_progress_bar(fake_factory, tmp_path, caplog, monkeypatch):
