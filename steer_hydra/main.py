@@ -1,23 +1,22 @@
-"""Entry point. Until the Hydra app lands, a demo of the pipeline on the tiny offline model."""
+"""The Hydra entry point: `python -m steer_hydra [group=option ...] [--multirun ...]` runs one job per config."""
 
 from __future__ import annotations
 
-import logging
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from steer_hydra.app.schema import register_configs
+
+register_configs()
 
 
-def main() -> None:
-    from steer_hydra.controls.input import SystemPrompt
-    from steer_hydra.controls.output import StoppingRules
-    from steer_hydra.core import SteeringPipeline
-    from steer_hydra.models import TINY_REF
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg: DictConfig) -> float:
+    """Compose, evaluate one arm on one suite into the shared save_dir, track; return the headline metric."""
+    from steer_hydra.app.job import run_job
 
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    controls = [SystemPrompt(text="Answer briefly."), StoppingRules(budget=24)]
-    with SteeringPipeline(TINY_REF, controls=controls, device="cpu") as pipeline:
-        pipeline.steer()
-        chats = [[{"role": "user", "content": "What is the capital of France?"}], [{"role": "user", "content": "Hi"}]]
-        for chat, output in zip(chats, pipeline.generate(messages=chats, return_output=True), strict=True):
-            print(f"{chat[-1]['content']!r} -> {output.decode(pipeline.tokenizer)[0]!r} ({output.finish_reason})")
+    return run_job(cfg, HydraConfig.get().runtime.output_dir)
 
 
 if __name__ == "__main__":

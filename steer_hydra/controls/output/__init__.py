@@ -2,6 +2,7 @@
 
 from steer_hydra.controls.output.best_of_n import BestOfN
 from steer_hydra.controls.output.deal import DeAL
+from steer_hydra.controls.output.scorers import MajorityVoteScorer
 from steer_hydra.controls.output.search import (
     Candidate,
     Frontier,
@@ -17,6 +18,7 @@ __all__ = [
     "Candidate",
     "DeAL",
     "Frontier",
+    "MajorityVoteScorer",
     "SampleSequenceScorer",
     "SearchDriver",
     "SearchTrace",

@@ -271,7 +271,7 @@ class PASTA(HookControl):
         self._targets: dict[str, tuple[int, ...]] = {}
         self._module_ids: dict[int, dict[int, tuple[int, ...]]] = {}
         self._restore: tuple[torch.nn.Module, str, str] | None = None
-        self._warned: set[str] = set()
+        self._warned: set[str | None] = set()  # None: the "no substrings at all" warning
 
     # ------------------------------------------------------------------ check / steer / cleanup
     def constraint_failures(self, backend_kind: str, hf_model_kwargs: Mapping[str, Any]) -> list[str]:
@@ -367,10 +367,8 @@ class PASTA(HookControl):
         value = runtime_kwargs.get("substrings")
         if value is None:
             if self.substrings is None:
-                raise ValueError(
-                    "PASTA needs substrings to highlight: pass runtime_kwargs={'substrings': ...} "
-                    "or PASTA(substrings=[...]) as a default."
-                )
+                self._warn_no_substrings()
+                return torch.zeros(batch, width, dtype=torch.float32, device=input_ids.device)
             value = [list(self.substrings)] * batch
         rows = substrings_per_row(value, batch)
         fill = -shift if self.scale_position == "include" else shift
@@ -392,6 +390,16 @@ class PASTA(HookControl):
                 outside[span.start : span.stop] = False
             columns[i, real[outside]] = fill
         return columns
+
+    def _warn_no_substrings(self) -> None:
+        if None not in self._warned:
+            self._warned.add(None)
+            warnings.warn(
+                "PASTA got no substrings for this call, so these rows are left unsteered (a task without per-sample "
+                "substrings, e.g. a catalog benchmark). Give them per sample (Sample.metadata['runtime_kwargs'] with "
+                "runtime_kwargs_solver), statically (provider.runtime_kwargs.substrings) or as PASTA(substrings=...).",
+                stacklevel=4,
+            )
 
     def _warn_missing(self, missing: Sequence[str]) -> None:
         for substring in missing:

@@ -257,8 +257,9 @@ def test_runtime_kwarg_declaration_and_batching_flag(make_pipeline):
     assert pipeline.supports_batching is True
     (entry,) = PASTA.RUNTIME_KWARGS_SCHEMA
     assert (entry["name"], entry["type"], entry["required"], entry["scope"]) == ("substrings", "list[str]", True, "row")
-    with pytest.raises(ValueError, match="PASTA needs substrings"):
-        pipeline.generate(text="hello", max_new_tokens=2)
+    plain = make_pipeline().generate(text="hello", max_new_tokens=4)
+    with pytest.warns(UserWarning, match="no substrings .* left unsteered"):
+        assert pipeline.generate(text="hello", max_new_tokens=4) == plain
     default = make_pipeline([PASTA(head_config=[0], alpha=0.01, substrings=["paris"])])
     steered = default.generate(text=PROMPTS[0], max_new_tokens=5)
     explicit = default.generate(text=PROMPTS[0], max_new_tokens=5, runtime_kwargs={"substrings": "paris"})

@@ -1,0 +1,139 @@
+"""Structured configs (ConfigStore schemas) that validate every config group before any model loads.
+
+The primary config `config.yaml` extends `steer_hydra_schema`, so each group option is merged into a typed node:
+an unknown key, a wrong type or a value outside a closed set fails at compose time with OmegaConf's message
+(which names the key and, for enums, the valid values). Control arguments are validated by instantiating the
+controls (their `Args` dataclasses), still before any model loads.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Optional  # noqa: UP035  (OmegaConf needs typing.Optional/Dict/List)
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+def _choices(name: str, values: tuple[str, ...]) -> type[enum.Enum]:
+    """A closed set of strings as an Enum whose member names are the values (OmegaConf validates by name)."""
+    return enum.Enum(name, {v: v for v in values}, module=__name__)
+
+
+BackendKind = _choices("BackendKind", ("huggingface", "vllm", "vllm_serve"))
+SeedScope = _choices("SeedScope", ("item", "dispatch"))
+ReasoningSplit = _choices("ReasoningSplit", ("auto", "text", "tokens"))
+OnUnsupportedParam = _choices("OnUnsupportedParam", ("raise", "warn"))
+OnUnsupported = _choices("OnUnsupported", ("raise", "skip"))
+LoggerKind = _choices("LoggerKind", ("wandb", "none"))
+WandbMode = _choices("WandbMode", ("auto", "online", "offline", "disabled"))
+Display = _choices("Display", ("none", "plain", "rich", "full", "conversation", "log"))
+
+
+@dataclass
+class ModelConfig:
+    """`model` group: a base model reference and its loading kwargs."""
+
+    name: str = MISSING
+    model_name_or_path: str = MISSING
+    hf_model_kwargs: dict[str, Any] = field(default_factory=dict)
+    device_map: Any = "auto"
+    trust_remote_code: bool = False
+
+
+@dataclass
+class ArmConfig:
+    """`arm` group: a named pipeline configuration; `controls` maps a slot name to a `control` group node."""
+
+    name: str = MISSING
+    controls: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class SuiteConfig:
+    """`suite` group: an `InspectSuite`."""
+
+    name: str = MISSING
+    tasks: list[str] = MISSING
+    limit: Optional[int] = None  # noqa: UP045
+    sample_ids: Optional[dict[str, list[Any]]] = None  # noqa: UP045
+    task_args: dict[str, Any] = field(default_factory=dict)
+    generate_overrides: dict[str, Any] = field(default_factory=dict)
+    retry_attempts: int = 3
+
+
+@dataclass
+class ProviderConfig:
+    """`provider` group: `ProviderOptions`."""
+
+    runtime_kwargs: dict[str, Any] = field(default_factory=dict)
+    chat_template_kwargs: Optional[dict[str, Any]] = None  # noqa: UP045
+    max_batch_size: int = 8
+    default_max_tokens: int = 1024
+    reasoning_tags: Optional[list[str]] = field(default_factory=lambda: ["<think>", "</think>"])  # noqa: UP045
+    reasoning_opened_at_start: bool = False
+    reasoning_split: ReasoningSplit = ReasoningSplit.auto
+    on_unsupported_param: OnUnsupportedParam = OnUnsupportedParam["raise"]
+    seed_scope: SeedScope = SeedScope.dispatch
+
+
+@dataclass
+class BackendConfig:
+    """`backend` group: where generation runs and its options (engine kwargs, server settings)."""
+
+    kind: BackendKind = BackendKind.huggingface
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class LoggerConfig:
+    """`logger` group: W&B tracking (`auto` = online when logged in, else offline) or none."""
+
+    kind: LoggerKind = LoggerKind.wandb
+    project: str = "steer_hydra"
+    entity: Optional[str] = None  # noqa: UP045
+    mode: WandbMode = WandbMode.auto
+    log_samples: bool = True
+    log_artifact: bool = True
+
+
+@dataclass
+class AppConfig:
+    """The whole job: one arm of one model on one suite, `num_trials` trials from `seed`."""
+
+    model: ModelConfig = MISSING
+    arm: ArmConfig = MISSING
+    suite: SuiteConfig = MISSING
+    provider: ProviderConfig = field(default_factory=ProviderConfig)
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    experiment_name: str = "default"
+    output_root: str = "outputs"
+    save_dir: str = MISSING
+    seed: Optional[int] = 0  # noqa: UP045
+    num_trials: int = 1
+    generate_defaults: dict[str, Any] = field(default_factory=dict)
+    on_unsupported: OnUnsupported = OnUnsupported["raise"]
+    display: Display = Display.none
+    progress: bool = True
+    baseline_arm: str = "baseline"
+    tags: list[str] = field(default_factory=list)
+
+
+SCHEMA_NAME = "steer_hydra_schema"
+
+
+def register_configs() -> None:
+    """Store the schemas (idempotent): the primary schema and one per group for user-defined options."""
+    store = ConfigStore.instance()
+    store.store(name=SCHEMA_NAME, node=AppConfig)
+    for group, node in (
+        ("model", ModelConfig),
+        ("arm", ArmConfig),
+        ("suite", SuiteConfig),
+        ("provider", ProviderConfig),
+        ("backend", BackendConfig),
+        ("logger", LoggerConfig),
+    ):
+        store.store(group=f"schema/{group}", name=group, node=node)

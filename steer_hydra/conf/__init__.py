@@ -1,0 +1,1 @@
+"""Hydra config groups shipped with steer_hydra (model, control, arm, suite, provider, backend, logger, experiment)."""
