@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
@@ -15,8 +17,12 @@ register_configs()
 def main(cfg: DictConfig) -> float:
     """Compose, evaluate one arm on one suite into the shared save_dir, track; return the headline metric."""
     from steer_hydra.app.job import run_job
+    from steer_hydra.app.plan import ConfigError
 
-    return run_job(cfg, HydraConfig.get().runtime.output_dir)
+    try:
+        return run_job(cfg, HydraConfig.get().runtime.output_dir)
+    except ConfigError as error:  # a config mistake: say what and how to fix it, no traceback
+        sys.exit(f"steer_hydra: invalid configuration: {error}")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,21 @@ def git_commit() -> str | None:
         return commit.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+def memory_report() -> dict[str, Any]:
+    """This process's resident memory (MiB, Linux) and how many transformers models are still alive."""
+    import gc
+
+    from transformers import PreTrainedModel
+
+    gc.collect()
+    rss = None
+    statm = Path("/proc/self/statm")
+    if statm.exists():
+        rss = int(statm.read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    live = sum(1 for obj in gc.get_objects() if issubclass(type(obj), PreTrainedModel))  # type(): no lazy attrs
+    return {"pid": os.getpid(), "rss_mib": rss, "live_models": live}
 
 
 def make_tracker(cfg: DictConfig, plan: JobPlan, output_dir: Path) -> Tracker | None:
@@ -116,6 +132,7 @@ def run_job(cfg: DictConfig, output_dir: str | Path) -> float:
                     "save_dir": str(plan.save_dir),
                     "metrics": metrics,
                     "provenance": provenance,
+                    "memory_after_release": memory_report(),
                 },
                 indent=1,
                 default=str,

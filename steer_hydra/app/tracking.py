@@ -6,6 +6,7 @@ tracker into a no-op, so the evaluation results on disk are never lost because o
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -66,6 +67,7 @@ class Tracker:
         }
         self.mode = mode
         self.run: Any = None
+        self.logged_summary: dict[str, Any] = {}
 
     @property
     def active(self) -> bool:
@@ -93,10 +95,12 @@ class Tracker:
     def summary(self, metrics: Mapping[str, Any]) -> None:
         if self.run is not None:
             self._guard("summary", lambda: self.run.summary.update(dict(metrics)))
+            self.logged_summary.update(metrics)
 
     def config(self, values: Mapping[str, Any]) -> None:
         if self.run is not None:
             self._guard("config", lambda: self.run.config.update(dict(values), allow_val_change=True))
+            self.init_kwargs["config"].update(values)
 
     def table(self, key: str, frame: Any) -> None:
         if self.run is None or frame is None or len(frame) == 0:
@@ -136,4 +140,17 @@ class Tracker:
     def finish(self, exit_code: int = 0) -> None:
         if self.run is not None:
             run, self.run = self.run, None
+            if run.settings.mode == "offline":
+                self._guard("local copies", lambda: self._write_local_copies(Path(run.dir)))
             self._guard("finish", lambda: run.finish(exit_code=exit_code))
+
+    def _write_local_copies(self, files_dir: Path) -> None:
+        """Offline runs: readable `config.yaml` and `wandb-summary.json` next to the record file (wandb 0.31
+        writes these only when it uploads); `wandb sync` still uploads from the record file."""
+        import yaml
+
+        files_dir.mkdir(parents=True, exist_ok=True)
+        (files_dir / "config.yaml").write_text(
+            yaml.safe_dump(json.loads(json.dumps(self.init_kwargs["config"], default=str)), sort_keys=True)
+        )
+        (files_dir / "wandb-summary.json").write_text(json.dumps(self.logged_summary, indent=1, default=str))

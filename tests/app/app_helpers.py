@@ -1,0 +1,68 @@
+"""Helpers for the app tests: fast job overrides, and reading an offline W&B run's record file.
+
+`read_run` reads an offline W&B run's record file (`run-*.wandb`) back: the config and summary W&B itself stored.
+
+The file is a LevelDB-style log (32 KiB blocks, 7-byte chunk headers) of `wandb_internal_pb2.Record`
+protobufs after a 7-byte `:W&B` header. wandb 0.31 writes no `config.yaml`/`wandb-summary.json` in offline
+mode, so tests check what W&B recorded here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from wandb.proto import wandb_internal_pb2
+
+# Small enough to keep each job to a few seconds on CPU.
+FAST = ["suite.limit=2", "suite.generate_overrides.max_tokens=6", "progress=false"]
+
+BLOCK = 32768
+HEADER = 7
+
+
+def _chunks(data: bytes) -> Iterator[bytes]:
+    pos, pending = HEADER, b""
+    while pos + HEADER <= len(data):
+        left = BLOCK - pos % BLOCK
+        if left < HEADER:
+            pos += left
+            continue
+        start = pos
+        length = int.from_bytes(data[pos + 4 : pos + 6], "little")
+        kind = data[pos + 6]
+        chunk = data[pos + HEADER : pos + HEADER + length]
+        pos += HEADER + length
+        if kind == 1:
+            yield chunk
+        elif kind == 2:
+            pending = chunk
+        elif kind == 3:
+            pending += chunk
+        elif kind == 4:
+            yield pending + chunk
+        elif kind == 0:  # zero padding: the rest of the block is empty
+            pos = start + left
+
+
+def read_run(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`(config, summary)` as W&B recorded them (later updates win; summary keys joined with `/`)."""
+    config: dict[str, Any] = {}
+    summary: dict[str, Any] = {}
+    for chunk in _chunks(Path(path).read_bytes()):
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(chunk)
+        kind = record.WhichOneof("record_type")
+        if kind == "config":
+            for item in record.config.update:
+                config[item.key] = json.loads(item.value_json)
+        elif kind == "run":
+            for item in record.run.config.update:
+                config[item.key] = json.loads(item.value_json)
+        elif kind == "summary":
+            for item in record.summary.update:
+                key = "/".join(item.nested_key) if item.nested_key else item.key
+                summary[key] = json.loads(item.value_json)
+    return config, summary

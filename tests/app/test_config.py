@@ -1,0 +1,129 @@
+"""Every option of every config group composes and instantiates; bad overrides fail with named choices."""
+
+from __future__ import annotations
+
+from importlib.resources import files
+
+import pytest
+from hydra.errors import ConfigCompositionException, MissingConfigException
+
+from steer_hydra.app.plan import ConfigError, JobPlan, build_controls
+from steer_hydra.core import BaseControl, SteeringPipeline
+from steer_hydra.models import build_tiny_model
+
+CONF = files("steer_hydra.conf")
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.name.removesuffix(".yaml") for p in CONF.joinpath(group).iterdir() if p.name.endswith(".yaml"))
+
+
+def test_defaults_are_the_offline_tiny_baseline_on_smoke(compose_cfg):
+    cfg = compose_cfg()
+    assert cfg.model.model_name_or_path == "steer_hydra:tiny"
+    assert (cfg.arm.name, dict(cfg.arm.controls), cfg.suite.name, cfg.backend.kind.value) == (
+        "baseline",
+        {},
+        "smoke",
+        "huggingface",
+    )
+    assert cfg.logger.kind.value == "wandb" and cfg.logger.mode.value == "auto"
+
+
+@pytest.mark.parametrize("option", options("control"))
+def test_every_control_option_instantiates(compose_cfg, option):
+    cfg = compose_cfg([f"+control@arm.controls.slot={option}"])
+    (control,) = build_controls(cfg.arm.controls)
+    assert isinstance(control, BaseControl)
+    model, tokenizer = build_tiny_model()
+    pipeline = SteeringPipeline(model=model, tokenizer=tokenizer, controls=[control], device="cpu")
+    assert pipeline.check().ok, pipeline.check()
+
+
+@pytest.mark.parametrize("option", options("arm"))
+def test_every_arm_option_builds_a_plan(compose_cfg, option):
+    plan = JobPlan.from_config(compose_cfg([f"arm={option}"]))
+    assert plan.arm == option
+    assert (plan.config_id == "baseline") == (option == "baseline")
+    assert all(isinstance(c, BaseControl) for c in plan.controls) and len(plan.controls) >= (option != "baseline")
+
+
+@pytest.mark.parametrize(
+    ("group", "check"),
+    [
+        ("model", lambda plan: plan.model["model_name_or_path"]),
+        ("suite", lambda plan: plan.suite.tasks),
+        ("provider", lambda plan: plan.options.max_batch_size >= 1),
+        ("backend", lambda plan: plan.backend.kind),
+        ("logger", lambda plan: True),
+        ("experiment", lambda plan: plan.arm),
+    ],
+)
+def test_every_option_of_the_other_groups_builds_a_plan(compose_cfg, group, check):
+    for option in options(group):
+        overrides = [f"{group}={option}"]
+        if option == "vllm_serve":
+            overrides.append("backend.options.base_url=http://127.0.0.1:1")
+        plan = JobPlan.from_config(compose_cfg(overrides))
+        assert check(plan), (group, option)
+
+
+def test_arm_controls_compose_with_overrides_and_added_controls(compose_cfg):
+    cfg = compose_cfg(["arm=pasta", "arm.controls.pasta.alpha=0.25", "+control@arm.controls.sys=system_prompt"])
+    controls = build_controls(cfg.arm.controls)
+    assert [type(c).__name__ for c in controls] == ["PASTA", "SystemPrompt"]
+    assert controls[0].alpha == 0.25
+
+
+def test_arm_model_specialization_is_picked_by_name(compose_cfg):
+    cfg = compose_cfg(["arm=pasta", "model=llama-3.1-8b-instruct"])
+    assert list(cfg.arm.controls.pasta.head_config) == [12, 13, 14, 15]
+    assert list(compose_cfg(["arm=pasta"]).arm.controls.pasta.head_config) == [0, 1]
+
+
+def test_unknown_option_lists_the_valid_names(compose_cfg):
+    with pytest.raises(MissingConfigException) as info:
+        compose_cfg(["arm=nope"])
+    message = str(info.value)
+    assert "Could not find 'arm/nope'" in message and "baseline" in message and "pasta" in message
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("suite.limit=abc", "suite.limit"),
+        ("provider.seed_scope=whole", "provider.seed_scope"),
+        ("num_trials=two", "num_trials"),
+        ("logger.mode=sometimes", "logger.mode"),
+    ],
+)
+def test_wrong_types_and_values_fail_at_compose(compose_cfg, override, named):
+    with pytest.raises(ConfigCompositionException) as info:
+        compose_cfg([override])
+    cause = str(info.value.__cause__ or info.value)
+    assert named.split(".")[-1] in cause or named in str(info.value)
+
+
+def test_enum_errors_list_the_valid_values(compose_cfg):
+    with pytest.raises(ConfigCompositionException) as info:
+        compose_cfg(["provider.seed_scope=whole"])
+    assert "expected one of [item, dispatch]" in str(info.value.__cause__)
+
+
+def test_unknown_keys_are_refused(compose_cfg):
+    with pytest.raises(ConfigCompositionException, match="model.revision"):
+        compose_cfg(["model.revision=main"])
+
+
+def test_bad_control_args_fail_before_any_model_loads(compose_cfg):
+    with pytest.raises(ConfigError, match=r"arm.controls.pasta: PASTA.alpha must be a finite number > 0"):
+        JobPlan.from_config(compose_cfg(["arm=pasta", "arm.controls.pasta.alpha=-1"]))
+    with pytest.raises(ConfigError, match=r"arm.controls.pasta: .*unknown argument\(s\) \['alhpa'\]; valid arguments"):
+        JobPlan.from_config(compose_cfg(["arm=pasta", "+arm.controls.pasta.alhpa=1"]))
+
+
+def test_suite_and_provider_values_are_validated_by_the_library(compose_cfg):
+    with pytest.raises(ConfigError, match="suite: .*limit"):
+        JobPlan.from_config(compose_cfg(["suite.limit=0"]))
+    with pytest.raises(ConfigError, match="provider: .*max_batch_size"):
+        JobPlan.from_config(compose_cfg(["provider.max_batch_size=0"]))

@@ -1,0 +1,143 @@
+"""One job end to end: the README's default command, W&B records and provenance, secrets, failures."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import time
+
+import pytest
+import yaml
+from app_helpers import FAST, read_run
+
+from steer_hydra.app import job as job_module
+from steer_hydra.app.plan import ConfigError, JobPlan
+from steer_hydra.app.secrets import REDACTED, redact
+
+SECRET = "hf_supersecret_value_0123456789"
+
+
+def _only(paths):
+    paths = list(paths)
+    assert len(paths) == 1, paths
+    return paths[0]
+
+
+@pytest.mark.slow
+def test_default_command_leaves_results_plots_and_an_offline_wandb_run(run_app, tmp_path):
+    env = {"HOME": str(tmp_path / "home"), "HF_TOKEN": SECRET, "WANDB_API_KEY": ""}
+    env_without_mode = {k: v for k, v in os.environ.items() if k not in ("WANDB_MODE", "WANDB_API_KEY")}
+    started = time.monotonic()
+    proc = run_app(env={**env_without_mode, **env, "WANDB_MODE": ""})
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert elapsed < 60, f"the default job took {elapsed:.0f}s"
+    run_dir = _only((tmp_path / "outputs" / "default" / "runs").iterdir())
+    rows = list(csv.DictReader((run_dir / "results.csv").open()))
+    tasks = {r["task"] for r in rows}
+    assert tasks == {"steer_hydra/short_answer", "steer_hydra/mcqa", "steer_hydra/instruction_following"}
+    assert (run_dir / "metrics.png").stat().st_size > 1000
+    assert (run_dir / "samples.csv").exists()
+
+    wandb_run = _only((run_dir / "wandb").glob("offline-run-*"))  # offline: nobody is logged in
+    config, summary = read_run(_only(wandb_run.glob("run-*.wandb")))
+    provenance = config["provenance"]
+    if isinstance(provenance, dict) and "value" in provenance:
+        provenance = provenance["value"]
+    for key in (
+        "git_commit",
+        "config_id",
+        "trial_seeds",
+        "prompt_path",
+        "effective_max_batch",
+        "inert_static_runtime_kwargs",
+        "steering_vector_hashes",
+        "inspect_ai_version",
+        "model_fingerprint",
+    ):
+        assert key in provenance, key
+    assert provenance["config_id"] == "baseline" and provenance["prompt_path"] == "messages"
+    accuracy = next(
+        float(r["value"]) for r in rows if r["task"] == "steer_hydra/short_answer" and r["metric"] == "accuracy"
+    )
+    assert summary["smoke/steer_hydra.short_answer/includes/accuracy"] == accuracy
+    assert "objective" in summary
+    local_config = yaml.safe_load((wandb_run / "files" / "config.yaml").read_text())
+    assert local_config["provenance"]["config_id"] == "baseline" and local_config["arm"]["name"] == "baseline"
+    assert json.loads((wandb_run / "files" / "wandb-summary.json").read_text())["objective"] == summary["objective"]
+    for path in [*wandb_run.rglob("*"), run_dir / "job_record.json"]:
+        if path.is_file():
+            assert SECRET.encode() not in path.read_bytes(), path
+
+
+def test_redaction_of_secret_keys_and_env_values(monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    cleaned = redact(
+        {
+            "model": {"hf_model_kwargs": {"token": "x" * 8, "dtype": "bf16"}},
+            "note": f"key={SECRET}",
+            "max_new_tokens": 5,
+            "api_key_env": "VLLM_API_KEY",
+            "pad_token": "<pad>",
+        }
+    )
+    assert cleaned["model"]["hf_model_kwargs"] == {"token": REDACTED, "dtype": "bf16"}
+    assert cleaned["note"] == f"key={REDACTED}"
+    assert (
+        cleaned["max_new_tokens"] == 5 and cleaned["api_key_env"] == "VLLM_API_KEY" and cleaned["pad_token"] == "<pad>"
+    )
+
+
+def test_tracker_config_is_redacted(compose_cfg, monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    cfg = compose_cfg([f"+model.hf_model_kwargs.token={SECRET}", f"experiment_name={SECRET}"])
+    plan = JobPlan.from_config(cfg)
+    tracker = job_module.make_tracker(cfg, plan, tmp_path)
+    text = json.dumps(tracker.init_kwargs["config"])
+    assert SECRET not in text and REDACTED in text
+
+
+def test_wandb_failure_warns_and_keeps_the_results(compose_cfg, monkeypatch, tmp_path):
+    import wandb
+
+    def broken_init(*args, **kwargs):
+        raise RuntimeError("offline dir not writable")
+
+    monkeypatch.setattr(wandb, "init", broken_init)
+    cfg = compose_cfg([*FAST, f"output_root={tmp_path}", "logger.mode=offline"])
+    out = tmp_path / "job"
+    with pytest.warns(UserWarning, match="W&B init failed .*offline dir not writable.*results stay on disk"):
+        job_module.run_job(cfg, out)
+    assert (out / "results.csv").exists() and (out / "job_record.json").exists()
+    record = json.loads((out / "job_record.json").read_text())
+    assert record["memory_after_release"]["live_models"] == 0  # the pipeline was released
+
+
+def test_protocol_guard_refuses_a_changed_protocol_in_the_same_save_dir(compose_cfg, tmp_path):
+    plan = JobPlan.from_config(compose_cfg([f"output_root={tmp_path}"]))
+    plan.record_protocol()
+    JobPlan.from_config(compose_cfg([f"output_root={tmp_path}", "arm=pasta"])).check_protocol()  # arms may differ
+    changed = JobPlan.from_config(compose_cfg([f"output_root={tmp_path}", "generate_defaults.temperature=0.7"]))
+    with pytest.raises(ConfigError, match=r"another protocol \(changed: generate_defaults\).*experiment_name"):
+        changed.check_protocol()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["arm=nope"], ["Could not find 'arm/nope'", "Available options in 'arm'", "baseline", "pasta"]),
+        (["arm=pasta", "arm.controls.pasta.alpha=-1"], ["invalid configuration", "arm.controls.pasta", "alpha"]),
+        (["suite.limit=abc"], ["'abc'", "suite.limit"]),
+    ],
+)
+def test_bad_overrides_fail_fast_and_write_no_results(run_app, tmp_path, overrides, expected):
+    proc = run_app(*overrides, "logger.mode=offline")
+    assert proc.returncode != 0
+    for text in expected:
+        assert text in proc.stderr, (text, proc.stderr[-2000:])
+    outputs = tmp_path / "outputs"
+    written = [p for p in outputs.rglob("*") if p.is_file()] if outputs.exists() else []
+    assert not [p for p in written if p.name in ("results.csv", "job_record.json") or p.suffix == ".eval"]
+    assert not [p for p in written if "wandb" in p.parts]
