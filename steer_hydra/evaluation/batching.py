@@ -18,7 +18,9 @@ Invariants:
   runtime-kwarg names (values may differ per row) and a single-candidate flag. Multi-candidate requests
   (`num_choices > 1`) always dispatch alone.
 - While a batch is in flight new requests accumulate in the queue: the in-flight generation is the collation
-  window. With a ceiling of 1 the same path is strict serialization.
+  window. Before taking its batch, a leader below the ceiling also yields to the event loop until arrivals stop
+  (a bounded number of yields, no clock), so a burst of requests that starts as a batch finishes dispatches
+  together instead of as fragments. With a ceiling of 1 the same path is strict serialization.
 
 Runtime kwargs arrive on two tiers and are read against the declared scopes of the enabled controls:
 static (`ProviderOptions.runtime_kwargs`) "call" values pass through unchanged, static "row" values are one
@@ -43,6 +45,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -61,8 +64,10 @@ logger = logging.getLogger(__name__)
 
 PromptPath = Literal["messages", "text"]
 
-# Consecutive event-loop yields without a new arrival after which a leader stops waiting for its batch to fill.
+# Consecutive event-loop yields without a new arrival after which a leader stops waiting for its batch to fill:
+# when no request is expected, and while requesters served earlier have not come back yet (see `_gather`).
 FILL_PATIENCE = 16
+AWAITED_FILL_PATIENCE = 2048
 
 
 @dataclass(eq=False, slots=True)
@@ -134,8 +139,10 @@ class LockLeaderCollator:
         self._static = dict(static_runtime_kwargs)
         self._chat_template_kwargs = dict(chat_template_kwargs) if chat_template_kwargs is not None else None
         self._lock = anyio.Lock()
-        self._queue: list[BatchRequest] = []
+        self._queue: dict[int, BatchRequest] = {}  # insertion-ordered, keyed by id(record)
+        self._queued_keys: Counter[str] = Counter()
         self._closed = False
+        self._awaited = 0
         self._inert: set[str] = set()
         self._logged_batch_failures: set[str] = set()
         self._static_call: dict[str, Any] = {}
@@ -154,6 +161,11 @@ class LockLeaderCollator:
     def max_batch_size(self) -> int:
         """The dispatch ceiling."""
         return self._max_batch_size
+
+    @property
+    def queued(self) -> int:
+        """Records waiting for a dispatch."""
+        return len(self._queue)
 
     @property
     def closed(self) -> bool:
@@ -230,7 +242,9 @@ class LockLeaderCollator:
         Raises:
             Exception: The record's own dispatch exception, re-raised on the requesting task.
         """
-        self._queue.append(record)
+        self._queue[id(record)] = record
+        self._queued_keys[record.batch_key] += 1
+        self._awaited = max(0, self._awaited - 1)
         try:
             async with self._lock:
                 if not record.done.is_set():
@@ -243,6 +257,7 @@ class LockLeaderCollator:
                             member.done.set()
         finally:
             self._discard(record)
+            self._awaited += 1  # this requester's next request (or its sample's successor) is likely to follow
         if record.error is not None:
             raise record.error
         if record.output is None:  # only when the dispatch died of a BaseException in the worker thread
@@ -250,27 +265,29 @@ class LockLeaderCollator:
         return record.output
 
     async def _gather(self, leader: BatchRequest) -> None:
-        """Let requests admitted in the same scheduling window join the leader's batch before it is taken.
+        """Let requests on their way join the leader's batch before it is taken (no clock, no background task).
 
-        Yields to the event loop while the batch is below the ceiling and the queue keeps growing; stops after
-        `FILL_PATIENCE` consecutive yields that admit nothing (no clock involved). A leader alone on an idle loop
-        pays a few microseconds; a leader racing a burst of arriving requests dispatches them together instead
-        of splitting them into fragments.
+        The leader yields to the event loop while its batch is below the ceiling and stops after a run of yields
+        that admit nothing. The run is short (`FILL_PATIENCE`) when no request is expected, and longer
+        (`AWAITED_FILL_PATIENCE`) while requesters served by earlier dispatches have not yet come back (each
+        served sample usually sends its next request, or a new sample takes its place): Inspect finishes a
+        batch's samples and starts their successors in a burst, sometimes interrupted by a log flush, and
+        dispatching the first arrival alone would split that burst into fragments. On an idle loop a yield
+        costs microseconds, so the wait is bounded by a few milliseconds when nothing comes.
         """
         if leader.num_choices > 1 or self._max_batch_size == 1:
             return
         idle = 0
         seen = len(self._queue)
-        while idle < FILL_PATIENCE and self._compatible(leader) < self._max_batch_size:
+        while self._compatible(leader) < self._max_batch_size:
+            if idle >= (AWAITED_FILL_PATIENCE if self._awaited else FILL_PATIENCE):
+                return
             await anyio.lowlevel.checkpoint()
-            if len(self._queue) > seen:
-                idle = 0
-            else:
-                idle += 1
+            idle = 0 if len(self._queue) > seen else idle + 1
             seen = len(self._queue)
 
     def _compatible(self, leader: BatchRequest) -> int:
-        return sum(1 for queued in self._queue if queued.batch_key == leader.batch_key)
+        return self._queued_keys[leader.batch_key]
 
     def _take_batch(self, leader: BatchRequest) -> list[BatchRequest]:
         """Remove the leader plus up to ceiling-1 same-key queued records (queue order) from the queue."""
@@ -279,21 +296,18 @@ class LockLeaderCollator:
         room = self._max_batch_size - 1
         if leader.num_choices > 1 or room <= 0:
             return batch
-        kept: list[BatchRequest] = []
-        for queued in self._queue:
-            if room and queued.batch_key == leader.batch_key:
+        for queued in list(self._queue.values()):
+            if not room:
+                break
+            if queued.batch_key == leader.batch_key:
+                self._discard(queued)
                 batch.append(queued)
                 room -= 1
-            else:
-                kept.append(queued)
-        self._queue[:] = kept
         return batch
 
     def _discard(self, record: BatchRequest) -> None:
-        for index, queued in enumerate(self._queue):
-            if queued is record:
-                del self._queue[index]
-                return
+        if self._queue.pop(id(record), None) is not None:
+            self._queued_keys[record.batch_key] -= 1
 
     # ------------------------------------------------------------------ worker thread
     def _dispatch(self, batch: list[BatchRequest]) -> None:

@@ -109,7 +109,8 @@ POLICY_FIELDS: frozenset[str] = frozenset(
     }
 )
 REFUSED_FIELDS: frozenset[str] = frozenset({"logprobs", "top_logprobs", "prompt_logprobs"})
-_CLASSIFIED = MAPPED_FIELDS | UPSTREAM_FIELDS | POLICY_FIELDS | REFUSED_FIELDS
+# Checked against the unsupported-parameter policy: the policy fields plus any field Inspect adds later.
+_POLICY_CHECKED = tuple(sorted(set(GenerateConfig.model_fields) - (MAPPED_FIELDS | UPSTREAM_FIELDS | REFUSED_FIELDS)))
 
 UNSUPPORTED_POLICIES = ("raise", "warn")
 SEED_SCOPES = ("item", "dispatch")
@@ -395,7 +396,7 @@ class SteeringPipelineModelAPI(ModelAPI):
                 "Sample.metadata['runtime_kwargs'] and use runtime_kwargs_solver()."
             )
 
-        for name in sorted(set(GenerateConfig.model_fields) - (_CLASSIFIED - POLICY_FIELDS)):
+        for name in _POLICY_CHECKED:
             value = getattr(config, name)
             if value is not None:
                 self._unsupported(f"GenerateConfig.{name}", name, value)
@@ -493,11 +494,12 @@ class SteeringPipelineModelAPI(ModelAPI):
                 unclosed,
                 rows,
             )
+        returned = self._non_pad(output.output_ids)
         return ModelOutput(
             model=self.model_name,
             choices=choices,
-            usage=self._usage(output),
-            metadata={"returned_output_tokens": self._returned_tokens(output)},
+            usage=self._usage(output, returned),
+            metadata={"returned_output_tokens": returned},
         )
 
     def _non_pad(self, ids: Any) -> int:
@@ -507,12 +509,8 @@ class SteeringPipelineModelAPI(ModelAPI):
         pad = getattr(self._tokenizer, "pad_token_id", None)
         return int(ids.numel()) if pad is None else int((ids != pad).sum())
 
-    def _returned_tokens(self, output: Output) -> int:
-        return self._non_pad(output.output_ids)
-
-    def _usage(self, output: Output) -> ModelUsage:
+    def _usage(self, output: Output, returned: int) -> ModelUsage:
         input_tokens = self._non_pad(output.adapted_input_ids)
-        returned = self._returned_tokens(output)
         output_tokens = int(output.generated_tokens) if output.generated_tokens is not None else returned
         return ModelUsage(
             input_tokens=input_tokens, output_tokens=output_tokens, total_tokens=input_tokens + output_tokens

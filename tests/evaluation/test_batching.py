@@ -8,6 +8,7 @@ import logging
 import threading
 
 import anyio
+import anyio.lowlevel
 import pytest
 import torch
 
@@ -235,7 +236,7 @@ def test_leader_takes_same_key_records_in_queue_order(backend):
     assert [int(outputs[i].output_ids[0, 0]) for i in range(7)] == list(range(7))
     assert outputs[6].output_ids.shape == (2, 1)  # the multi-candidate request dispatched alone with n=2
     assert len(pipeline.calls) == 5
-    assert collator._queue == []
+    assert collator.queued == 0
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -338,7 +339,7 @@ def test_waiter_cancelled_while_queued_is_never_dispatched(backend):
     dispatched = [_ident(p) for c in pipeline.calls for p in c["prompts"]]
     assert dispatched == [1, 3]
     assert set(done) == {1, 3} and second.output is None
-    assert collator._queue == []
+    assert collator.queued == 0
 
 
 def test_collator_reused_across_two_event_loops():
@@ -423,3 +424,36 @@ def test_invalid_construction():
         make(ceiling=0)
     with pytest.raises(ValueError, match="prompt_path"):
         make(path="tokens")
+
+
+def test_leader_waits_for_staggered_arrivals_only_while_requesters_are_awaited():
+    """Yield counts, not time: replacements of served requests join one dispatch; a cold start does not wait."""
+    from steer_hydra.evaluation.batching import AWAITED_FILL_PATIENCE, FILL_PATIENCE
+
+    stagger = 3 * FILL_PATIENCE  # loop turns between arrivals: beyond the short patience, within the long one
+    assert 4 * stagger < AWAITED_FILL_PATIENCE
+
+    async def staggered(collator, start):
+        async def one(i):
+            for _ in range(i * stagger):
+                await anyio.lowlevel.checkpoint()
+            await collator.serve(admit(collator, f"p{start + i}"))
+
+        async with anyio.create_task_group() as tg:
+            for i in range(4):
+                tg.start_soon(one, i)
+
+    cold = StubPipeline()
+    collator = make(cold, ceiling=4)
+    anyio.run(staggered, collator, 0)
+    assert cold.sizes()[0] == 1 and len(cold.sizes()) > 1  # nobody was awaited: the first leader left alone
+
+    warm = StubPipeline()
+    collator = make(warm, ceiling=4)
+
+    async def main():
+        await serve_all(collator, [admit(collator, f"p{i}") for i in range(4)])  # four requesters served
+        await staggered(collator, 4)  # their successors trickle in
+
+    anyio.run(main)
+    assert warm.sizes() == [4, 4]
