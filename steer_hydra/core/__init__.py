@@ -21,6 +21,8 @@ from steer_hydra.core.identity import canonical_value, config_digest, derive_ite
 from steer_hydra.core.output import FINISH_REASONS, Output, infer_finish_reasons, truncate_at_stop_strings
 from steer_hydra.core.params import GenerationParams
 from steer_hydra.core.pipeline import SteeringPipeline
+from steer_hydra.core.specs import ControlSpec, Factory
+from steer_hydra.core.sweeps import ConfigPoint, PipelineFactory, expand_configurations, preflight
 
 __all__ = [
     "FINISH_REASONS",
@@ -29,14 +31,18 @@ __all__ = [
     "BaseArgs",
     "BaseControl",
     "Capability",
+    "ConfigPoint",
+    "ControlSpec",
     "DecodingDriver",
     "DriverResult",
+    "Factory",
     "GenerationParams",
     "HookControl",
     "HookSet",
     "InputControl",
     "Output",
     "OutputControl",
+    "PipelineFactory",
     "StateControl",
     "SteeringPipeline",
     "StructuralControl",
@@ -48,8 +54,10 @@ __all__ = [
     "declared_scopes",
     "derive_item_seed",
     "derive_trial_seed",
+    "expand_configurations",
     "infer_finish_reasons",
     "merge_controls",
+    "preflight",
     "runtime_kwargs_schema",
     "truncate_at_stop_strings",
 ]
