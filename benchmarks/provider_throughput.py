@@ -8,6 +8,7 @@ One process, one tiny checkpoint saved to disk, the same prompts, greedy decodin
   (d) hf/@B        Inspect's `hf/<checkpoint>` provider (max_connections=B, do_sample=False), fully offline
 
 Modes (a)-(c) run in interleaved rounds (the best round counts) so a noisy shared machine hurts them alike.
+Torch runs with one intra-op thread by default (`--threads`), the same for every mode.
 For the Inspect modes two rates are printed: `wall` (the whole `eval()` call, including Inspect's fixed start-up
 and log finalization) and `samples` (first sample start to last sample end, from the log). Ratios use `samples`
 for provider/raw (what the provider and collator control) and `wall` for provider/hf.
@@ -16,6 +17,11 @@ for provider/raw (what the provider and collator control) and `wall` for provide
     .venv/bin/python benchmarks/provider_throughput.py --samples 128 --hf-samples 64 --rounds 1
 
 Targets: provider/raw >= 0.85, provider/hf >= 3.
+
+Reading the notes: "generate ms/call" is the pipeline's time per dispatch and "idle ms between calls" is the time
+the model waits between dispatches. Under the provider that idle time is Inspect finishing one batch's samples
+(scoring, logging) and starting the next ones on its event loop; the provider's own work per request (conversion,
+config mapping, batch key, output assembly) is a fraction of a millisecond.
 """
 
 from __future__ import annotations
@@ -63,7 +69,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--hidden-size", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--intermediate-size", type=int, default=1024)
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch.set_num_threads (default 1: OpenMP spin-waits make multi-thread CPU timings erratic on a "
+        "shared machine, and one core stays free for Inspect's event loop; 0 keeps torch's default)",
+    )
     parser.add_argument("--skip-hf", action="store_true", help="skip Inspect's hf/ provider")
     parser.add_argument(
         "--lean-logs",
@@ -89,11 +101,12 @@ def make_task(prompts: list[str]) -> Task:
 
 
 class CountingPipeline:
-    """Delegates to the pipeline and records the size of each dispatch (what the provider batched)."""
+    """Delegates to the pipeline; records each dispatch's size and its start/end times (what the provider did)."""
 
     def __init__(self, pipeline: SteeringPipeline) -> None:
         self._pipeline = pipeline
         self.sizes: list[int] = []
+        self.spans: list[tuple[float, float]] = []
 
     def __getattr__(self, name: str):
         return getattr(self._pipeline, name)
@@ -102,7 +115,17 @@ class CountingPipeline:
         prompts = kwargs.get("messages") if kwargs.get("messages") is not None else kwargs.get("text")
         single = isinstance(prompts, str) or (prompts and isinstance(prompts[0], dict))
         self.sizes.append(1 if single else len(prompts))
-        return self._pipeline.generate(*args, **kwargs)
+        start = time.perf_counter()
+        try:
+            return self._pipeline.generate(*args, **kwargs)
+        finally:
+            self.spans.append((start, time.perf_counter()))
+
+    def timing_ms(self) -> tuple[float, float]:
+        """Mean dispatch duration and mean idle gap between consecutive dispatches, in milliseconds."""
+        busy = statistics.mean(end - start for start, end in self.spans)
+        gaps = [b[0] - a[1] for a, b in zip(self.spans, self.spans[1:], strict=False)] or [0.0]
+        return 1000 * busy, 1000 * statistics.mean(gaps)
 
 
 def sample_window_rate(log) -> float:
@@ -133,12 +156,15 @@ def run_provider(pipeline, prompts, ceiling, max_tokens, log_dir, log_options) -
     model.api.close()
     if log.status != "success":
         raise RuntimeError(f"provider eval failed: {log.error}")
+    busy_ms, gap_ms = counting.timing_ms()
     return {
         "wall": len(prompts) / wall,
         "samples": sample_window_rate(log),
         "tokens": output_tokens(log),
         "mean_dispatch": statistics.mean(counting.sizes),
         "dispatches": len(counting.sizes),
+        "busy_ms": busy_ms,
+        "gap_ms": gap_ms,
     }
 
 
@@ -152,8 +178,10 @@ def run_raw(pipeline, prompts, batch, max_tokens) -> dict:
             messages=chats[i : i + batch], return_output=True, max_new_tokens=max_tokens, do_sample=False
         )
         tokens += sum(int((o.output_ids != pad).sum()) for o in outputs)
-    rate = len(prompts) / (time.perf_counter() - start)
-    return {"wall": rate, "samples": rate, "tokens": tokens}
+    elapsed = time.perf_counter() - start
+    rate = len(prompts) / elapsed
+    batches = -(-len(chats) // batch)
+    return {"wall": rate, "samples": rate, "tokens": tokens, "busy_ms": 1000 * elapsed / batches, "gap_ms": 0.0}
 
 
 def run_hf(path, prompts, batch, max_tokens, log_dir, log_options) -> dict:
@@ -182,7 +210,7 @@ def best(results: list[dict]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    if args.threads:
+    if args.threads > 0:
         torch.set_num_threads(args.threads)
     log_options = {"log_realtime": False, "log_buffer": 100} if args.lean_logs else {}
     prompts = make_prompts(args.samples)
@@ -226,10 +254,14 @@ def main(argv: list[str] | None = None) -> int:
         pipeline.release()
 
     provider, raw, serial = best(results["provider"]), best(results["raw"]), best(results["serial"])
+
+    def timing(result: dict) -> str:
+        return f"generate {result['busy_ms']:.0f} ms/call, idle {result['gap_ms']:.0f} ms between calls"
+
     rows = [
-        (f"(a) provider@{args.batch}", provider, f"mean dispatch {provider['mean_dispatch']:.2f}"),
-        (f"(b) raw@{args.batch}", raw, ""),
-        ("(c) provider@1", serial, f"mean dispatch {serial['mean_dispatch']:.2f}"),
+        (f"(a) provider@{args.batch}", provider, f"mean dispatch {provider['mean_dispatch']:.2f}; {timing(provider)}"),
+        (f"(b) raw@{args.batch}", raw, timing(raw)),
+        ("(c) provider@1", serial, f"mean dispatch {serial['mean_dispatch']:.2f}; {timing(serial)}"),
     ]
     if hf is not None:
         rows.append((f"(d) hf/@{args.batch}", hf, f"{len(hf_prompts)} samples"))

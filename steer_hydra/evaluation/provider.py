@@ -299,7 +299,7 @@ class SteeringPipelineModelAPI(ModelAPI):
 
     @property
     def prompt_path(self) -> str:
-        """ "messages" (chat template) or "text" (conversations rendered to plain text)."""
+        """The prompt path: "messages" (chat template) or "text" (conversations rendered to plain text)."""
         return self._prompt_path
 
     @property

@@ -6,6 +6,7 @@ import hashlib
 import json
 import logging
 import threading
+from importlib.util import find_spec
 
 import anyio
 import anyio.lowlevel
@@ -16,7 +17,10 @@ from steer_hydra.core.identity import canonical_value
 from steer_hydra.core.output import Output
 from steer_hydra.evaluation.batching import BatchRequest, LockLeaderCollator
 
-BACKENDS = ["asyncio", "trio"]
+BACKENDS = [
+    "asyncio",
+    pytest.param("trio", marks=pytest.mark.skipif(find_spec("trio") is None, reason="trio is not installed")),
+]
 
 
 class StubPipeline:

@@ -600,3 +600,10 @@ def test_provider_module_is_registered_with_inspect():
 
     names = {ep.name: ep.value for ep in entry_points(group="inspect_ai")}
     assert names.get("steer_hydra") == "steer_hydra.evaluation.provider"
+
+
+def test_get_model_by_name_explains_that_a_pipeline_is_needed():
+    from inspect_ai.model import get_model
+
+    with pytest.raises(ValueError, match="as_inspect_model"):
+        get_model("steer_hydra/some-arm")
