@@ -260,8 +260,8 @@ class LockLeaderCollator:
             self._awaited += 1  # this requester's next request (or its sample's successor) is likely to follow
         if record.error is not None:
             raise record.error
-        if record.output is None:  # only when the dispatch died of a BaseException in the worker thread
-            raise RuntimeError("The dispatch holding this request ended without a result; see the logged error.")
+        if record.output is None:  # only when the worker thread was interrupted (a BaseException, not an error)
+            raise RuntimeError("The batched dispatch holding this request was interrupted before it produced a result.")
         return record.output
 
     async def _gather(self, leader: BatchRequest) -> None:

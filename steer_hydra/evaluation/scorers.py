@@ -38,8 +38,8 @@ def sample_scorer_from_inspect(
 ) -> SampleScorer:
     """Adapt an Inspect `Scorer` into a synchronous `(response, row) -> float`.
 
-    The row holds `"input"`, optionally the target under `target_key` (missing or None scores against ""), and
-    any other dataset columns (all of them become the state's metadata).
+    The row holds `"input"`, optionally the target under `target_key` (a string or a list of accepted answers;
+    missing or empty scores against ""), and any other dataset columns (all of them become the state's metadata).
 
     Args:
         scorer: An Inspect scorer (e.g. `includes()`, `match()`, `model_graded_fact(model=...)`).
@@ -62,8 +62,7 @@ def sample_scorer_from_inspect(
 
     async def score_one(response: str, row: Mapping[str, Any]) -> float:
         prompt = str(row["input"])
-        reference = row.get(target_key)
-        target = Target("" if reference is None else reference)
+        target = Target(row.get(target_key) or "")
         state = TaskState(
             model=ModelName(model_name),
             sample_id=0,
