@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -199,6 +199,21 @@ class ProviderOptions:
                 raise ValueError(f"ProviderOptions.{name} must be one of {allowed}; got {value!r}.")
 
 
+PipelineBuilder = Callable[[Mapping[str, Any]], "tuple[SteeringPipeline, ProviderOptions | None]"]
+_pipeline_builder: PipelineBuilder | None = None
+
+
+def set_pipeline_builder(builder: PipelineBuilder | None) -> None:
+    """Let `--model steer_hydra/<name> -M key=value` build a steered pipeline from `model_args`.
+
+    The Hydra app registers one (through the `inspect_ai` entry point) that composes its config groups with the
+    model args as overrides (`-M arm=pasta -M base_model=tiny`). A provider built this way owns its pipeline and
+    releases it on `close()`.
+    """
+    global _pipeline_builder
+    _pipeline_builder = builder
+
+
 class SteeringPipelineModelAPI(ModelAPI):
     """An Inspect `ModelAPI` that generates with a steered `SteeringPipeline` through a lock-leader collator.
 
@@ -227,11 +242,18 @@ class SteeringPipelineModelAPI(ModelAPI):
         **model_args: Any,
     ) -> None:
         super().__init__(model_name=model_name, config=GenerateConfig())
+        self._owns_pipeline = False
+        if pipeline is None and model_args and _pipeline_builder is not None:
+            pipeline, built_options = _pipeline_builder(model_args)
+            options = options if options is not None else built_options
+            self._owns_pipeline = True
+            model_args = {}
         if pipeline is None:
             raise ValueError(
                 "SteeringPipelineModelAPI needs a pipeline. Build the model with "
                 "steer_hydra.evaluation.as_inspect_model(pipeline, options=ProviderOptions(...)); a pipeline "
-                "cannot be passed through get_model()/--model or model_args."
+                "cannot be passed through get_model()/--model or model_args. From the Inspect CLI, name the config "
+                "groups instead: --model steer_hydra/<name> -M arm=pasta -M base_model=tiny."
             )
         if not getattr(pipeline, "_is_steered", False):
             raise ValueError("The pipeline is not steered; call pipeline.steer() before as_inspect_model(pipeline).")
@@ -337,8 +359,11 @@ class SteeringPipelineModelAPI(ModelAPI):
         return False
 
     def close(self) -> None:
-        """Refuse new requests; a batch in flight completes. The pipeline stays loaded (release it yourself)."""
+        """Refuse new requests; a batch in flight completes. A pipeline passed in stays loaded (release it
+        yourself); one built from `-M` model args is released here."""
         self._collator.close()
+        if self._owns_pipeline:
+            self._pipeline.release()
 
     async def aclose(self) -> None:
         self.close()
