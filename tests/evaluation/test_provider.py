@@ -598,8 +598,9 @@ def test_provider_module_is_registered_with_inspect():
     assert registry_info(provider_module.steer_hydra).name.endswith("steer_hydra")
     from importlib.metadata import entry_points
 
-    names = {ep.name: ep.value for ep in entry_points(group="inspect_ai")}
-    assert names.get("steer_hydra") == "steer_hydra.evaluation.provider"
+    (entry,) = [ep for ep in entry_points(group="inspect_ai") if ep.name == "steer_hydra"]
+    module = entry.load()  # the app's entry module: imports this provider, the tasks, and sets the CLI builder
+    assert module.provider is provider_module and provider_module._pipeline_builder is module.build_from_model_args
 
 
 def test_get_model_by_name_explains_that_a_pipeline_is_needed():
