@@ -1,4 +1,4 @@
-"""The evaluation layer: the Inspect model provider, its lock-leader collator, the solver and the scorer adapter.
+"""The evaluation layer: Inspect provider and collator, solver, scorer adapter, suites, runner, frames, plots.
 
 Names resolve lazily (importing this package does not import Inspect or torch until a name is used).
 """
@@ -17,6 +17,16 @@ _EXPORTS: dict[str, str] = {
     "BatchRequest": "steer_hydra.evaluation.batching",
     "runtime_kwargs_solver": "steer_hydra.evaluation.solvers",
     "sample_scorer_from_inspect": "steer_hydra.evaluation.scorers",
+    "inspect_max_connections": "steer_hydra.evaluation.provider",
+    "InspectSuite": "steer_hydra.evaluation.suite",
+    "smoke_suite": "steer_hydra.evaluation.suite",
+    "SteeringEval": "steer_hydra.evaluation.runner",
+    "results_frame": "steer_hydra.evaluation.frames",
+    "runs_frame": "steer_hydra.evaluation.frames",
+    "samples_frame": "steer_hydra.evaluation.frames",
+    "summarize_runs": "steer_hydra.evaluation.frames",
+    "paired_deltas": "steer_hydra.evaluation.frames",
+    "results_from_logs": "steer_hydra.evaluation.frames",
 }
 
 __all__ = sorted(_EXPORTS)
