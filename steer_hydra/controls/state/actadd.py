@@ -21,26 +21,24 @@ from typing import Any
 
 import torch
 
+from steer_hydra.controls.state.layer_vector import LayerVectorControl
 from steer_hydra.controls.state.residual import (
     capture_layer,
-    check_hidden_size,
     input_hidden,
-    normalized,
     past_length,
     preserve_norm,
     with_input_hidden,
 )
 from steer_hydra.controls.state.vectors import SteeringVector
-from steer_hydra.core.capabilities import Capability
-from steer_hydra.core.controls import BaseArgs, HookSet, StateControl
-from steer_hydra.core.layout import ModelLayout, resolve_layout
+from steer_hydra.core.controls import BaseArgs, HookSet
+from steer_hydra.core.layout import ModelLayout
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_DEPTH = 0.2
 
 
-class ActAdd(StateControl):
+class ActAdd(LayerVectorControl):
     """Activation addition (arXiv 2308.10248) of a positional block at one decoder layer's input.
 
     Args:
@@ -82,81 +80,26 @@ class ActAdd(StateControl):
 
     supports_batching = False
 
-    def _configure(self) -> None:
-        self._layout: ModelLayout | None = None
-        self._layer: int | None = None
-        self._vector: SteeringVector | None = None
-        self._block: torch.Tensor | None = None
-        self._deltas: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+    DEFAULT_DEPTH = DEFAULT_DEPTH
+    MIN_DEFAULT_LAYER = 1
 
-    def requirements(self) -> frozenset[Capability]:
-        needs = {Capability.IN_PROCESS_TORCH}
-        if self.steering_vector is None:
-            needs.add(Capability.HIDDEN_CAPTURE)
-        return frozenset(needs)
-
-    @property
-    def vector(self) -> SteeringVector | None:
-        """The positional block in use (given or fitted), before normalisation and multiplier."""
-        return self._vector
-
-    @property
-    def vector_hash(self) -> str | None:
-        """`content_hash` of the block in use (None before `steer()` fits it)."""
-        return self._vector.content_hash if self._vector is not None else None
-
-    @property
-    def layer(self) -> int | None:
-        return self._layer
-
-    # ------------------------------------------------------------------ steer
     def steer(self, model: torch.nn.Module | None, tokenizer: Any = None, **kwargs: Any) -> None:
-        if model is None:
-            raise RuntimeError("ActAdd needs the live model in this process; use backend=huggingface.")
-        layout = resolve_layout(model)
-        given = None
-        if self.steering_vector is not None:
-            given = SteeringVector.coerce(self.steering_vector, field_name="ActAdd.steering_vector")
-        layer = self.layer_id
-        if layer is None:
-            fitted_at = given.layer if given is not None else None
-            layer = fitted_at if fitted_at is not None else layout.default_layer(DEFAULT_DEPTH, minimum=1)
-        if not 0 <= layer < layout.num_layers:
-            raise ValueError(
-                f"ActAdd.layer_id={layer} is out of range; the model has {layout.num_layers} layers "
-                f"(0..{layout.num_layers - 1})."
-            )
-        if given is None:
-            tokenizer = tokenizer if tokenizer is not None else self.tokenizer
-            if tokenizer is None:
-                raise ValueError("ActAdd needs a tokenizer to encode its prompts; pass one to steer().")
-            given = fit_positional_difference(
-                model, tokenizer, layout, layer, self.positive_prompt, self.negative_prompt
-            )
-        block = given.tensor.float()
-        if block.dim() == 1:
-            block = block[None]
-        check_hidden_size(block, layout.hidden_size, "ActAdd.steering_vector")
-        self._block = normalized(block) if self.normalize_vector else block
-        self._vector, self._layout, self._layer = given, layout, layer
-        self._deltas.clear()
-        logger.info("ActAdd at layer %d, %d positions, vector %s", layer, block.shape[0], given.content_hash[:12])
+        self._bind(model, tokenizer, self._fit, _as_block)
         return None
 
-    def cleanup(self) -> None:
-        self._deltas.clear()
+    def _fit(self, model: torch.nn.Module, tokenizer: Any, layout: ModelLayout, layer: int) -> SteeringVector:
+        return fit_positional_difference(model, tokenizer, layout, layer, self.positive_prompt, self.negative_prompt)
 
     # ------------------------------------------------------------------ per call
     def get_hooks(self, input_ids: torch.Tensor, runtime_kwargs: Mapping[str, Any], **kwargs: Any) -> HookSet:
-        if self._layout is None or self._block is None or self._layer is None:
-            raise RuntimeError("ActAdd.get_hooks called before steer(); steer the pipeline first.")
+        self._require_bound()
         if self.multiplier == 0:
             return {}
         mask = kwargs.get("attention_mask")
         width = input_ids.shape[1]
         lengths = mask.sum(dim=1) if mask is not None else torch.full((input_ids.shape[0],), width)
         starts = (width - lengths).to(torch.long) + self.alignment  # first steered column per row
-        length = self._block.shape[0]
+        length = self._steering.shape[0]
         last_column = int(starts.max()) + length  # no row is steered at or after this column
         layer_index, preserve = self._layer, self.use_norm_preservation
 
@@ -182,13 +125,10 @@ class ActAdd(StateControl):
 
         return {"pre": [{"module": self._layout.layer_path(self._layer), "hook_func": add_block}]}
 
-    def _delta(self, hidden: torch.Tensor) -> torch.Tensor:
-        key = (hidden.device, hidden.dtype)
-        delta = self._deltas.get(key)
-        if delta is None:
-            delta = (self.multiplier * self._block).to(device=hidden.device, dtype=hidden.dtype)
-            self._deltas[key] = delta
-        return delta
+
+def _as_block(tensor: torch.Tensor) -> torch.Tensor:
+    """A `[positions, hidden]` block (one position for a `[hidden]` vector)."""
+    return tensor[None] if tensor.dim() == 1 else tensor
 
 
 def fit_positional_difference(

@@ -21,19 +21,17 @@ from typing import Any, Literal
 
 import torch
 
+from steer_hydra.controls.state.layer_vector import LayerVectorControl
 from steer_hydra.controls.state.residual import (
     capture_layer,
-    check_hidden_size,
-    normalized,
     output_hidden,
     past_length,
     preserve_norm,
     with_output_hidden,
 )
 from steer_hydra.controls.state.vectors import SteeringVector
-from steer_hydra.core.capabilities import Capability
-from steer_hydra.core.controls import BaseArgs, HookSet, StateControl
-from steer_hydra.core.layout import ModelLayout, resolve_layout
+from steer_hydra.core.controls import BaseArgs, HookSet
+from steer_hydra.core.layout import ModelLayout
 from steer_hydra.core.pipeline import pad_left
 from steer_hydra.core.rendering import has_chat_template
 
@@ -43,7 +41,7 @@ DEFAULT_DEPTH = 0.4
 _PROMPT_KEYS = ("prompt", "question")
 
 
-class CAA(StateControl):
+class CAA(LayerVectorControl):
     """Contrastive activation addition (arXiv 2312.06681) at one decoder layer's output.
 
     Args:
@@ -98,80 +96,18 @@ class CAA(StateControl):
 
     supports_batching = True
 
-    def _configure(self) -> None:
-        self._layout: ModelLayout | None = None
-        self._layer: int | None = None
-        self._vector: SteeringVector | None = None
-        self._direction: torch.Tensor | None = None
-        self._deltas: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+    DEFAULT_DEPTH = DEFAULT_DEPTH
 
-    def requirements(self) -> frozenset[Capability]:
-        needs = {Capability.IN_PROCESS_TORCH}
-        if self.data is not None:
-            needs.add(Capability.HIDDEN_CAPTURE)
-        return frozenset(needs)
-
-    # ------------------------------------------------------------------ provenance
-    @property
-    def vector(self) -> SteeringVector | None:
-        """The steering vector in use (given or fitted), before normalisation and multiplier; None before steer."""
-        return self._vector
-
-    @property
-    def vector_hash(self) -> str | None:
-        """`content_hash` of the steering vector in use (None before a fitted vector exists)."""
-        return self._vector.content_hash if self._vector is not None else None
-
-    @property
-    def layer(self) -> int | None:
-        """The decoder layer steered (resolved at `steer()`)."""
-        return self._layer
-
-    # ------------------------------------------------------------------ steer
     def steer(self, model: torch.nn.Module | None, tokenizer: Any = None, **kwargs: Any) -> None:
-        if model is None:
-            raise RuntimeError("CAA needs the live model in this process; use backend=huggingface.")
-        layout = resolve_layout(model)
-        given = None
-        if self.steering_vector is not None:
-            given = SteeringVector.coerce(self.steering_vector, field_name="CAA.steering_vector")
-        layer = self.layer_id
-        if layer is None:
-            fitted_at = given.layer if given is not None else None
-            layer = fitted_at if fitted_at is not None else layout.default_layer(DEFAULT_DEPTH)
-        if not 0 <= layer < layout.num_layers:
-            raise ValueError(
-                f"CAA.layer_id={layer} is out of range; the model has {layout.num_layers} layers "
-                f"(0..{layout.num_layers - 1})."
-            )
-        if given is None:
-            tokenizer = tokenizer if tokenizer is not None else self.tokenizer
-            if tokenizer is None:
-                raise ValueError("CAA needs a tokenizer to fit from data=; pass one to steer().")
-            given = fit_mean_difference(model, tokenizer, layout, layer, self.data, self.prompt_format, self.batch_size)
-        direction = given.tensor
-        if direction.dim() == 2 and direction.shape[0] == 1:
-            direction = direction[0]
-        if direction.dim() != 1:
-            raise ValueError(
-                f"CAA.steering_vector must be one direction [hidden]; got shape {tuple(given.shape)}. "
-                "Positional [positions, hidden] blocks belong to ActAdd."
-            )
-        check_hidden_size(direction, layout.hidden_size, "CAA.steering_vector")
-        direction = direction.float()
-        self._direction = normalized(direction) if self.normalize_vector else direction
-        self._vector, self._layout, self._layer = given, layout, layer
-        self._deltas.clear()
-        logger.info("CAA at layer %d, vector %s", layer, given.content_hash[:12])
+        self._bind(model, tokenizer, self._fit, _as_direction)
         return None
 
-    def cleanup(self) -> None:
-        self._deltas.clear()
+    def _fit(self, model: torch.nn.Module, tokenizer: Any, layout: ModelLayout, layer: int) -> SteeringVector:
+        return fit_mean_difference(model, tokenizer, layout, layer, self.data, self.prompt_format, self.batch_size)
 
     # ------------------------------------------------------------------ per call
     def get_hooks(self, input_ids: torch.Tensor, runtime_kwargs: Mapping[str, Any], **kwargs: Any) -> HookSet:
-        if self._layout is None or self._direction is None or self._layer is None:
-            raise RuntimeError("CAA.get_hooks called before steer(); steer the pipeline first.")
+        self._require_bound()
         if self.multiplier == 0:
             return {}
         prompt_len = input_ids.shape[1]
@@ -204,13 +140,16 @@ class CAA(StateControl):
             "forward": [{"module": path, "hook_func": add_vector}],
         }
 
-    def _delta(self, hidden: torch.Tensor) -> torch.Tensor:
-        key = (hidden.device, hidden.dtype)
-        delta = self._deltas.get(key)
-        if delta is None:
-            delta = (self.multiplier * self._direction).to(device=hidden.device, dtype=hidden.dtype)
-            self._deltas[key] = delta
-        return delta
+
+def _as_direction(tensor: torch.Tensor) -> torch.Tensor:
+    """One `[hidden]` direction (a `[1, hidden]` block is accepted); positional blocks are refused."""
+    direction = tensor[0] if tensor.dim() == 2 and tensor.shape[0] == 1 else tensor
+    if direction.dim() != 1:
+        raise ValueError(
+            f"CAA.steering_vector must be one direction [hidden]; got shape {tuple(tensor.shape)}. "
+            "Positional [positions, hidden] blocks belong to ActAdd."
+        )
+    return direction
 
 
 # ---------------------------------------------------------------------- fitting
