@@ -285,10 +285,24 @@ def plot_tradeoff_scatter(
                     xytext=(3, 3),
                     textcoords="offset points",
                 )
+    return _finish_tradeoff(ax, compare, x_metric, y_metric, save_path, color_offset=5)
+
+
+def _finish_tradeoff(
+    ax: Any,
+    compare: list[tuple[str, pd.DataFrame]],
+    x_metric: str,
+    y_metric: str,
+    save_path: str | Path | None,
+    *,
+    color_offset: int,
+) -> Any:
+    """Star each comparison pipeline, label the axes, add a legend when there is one, save."""
     for i, (label, frame) in enumerate(compare):
         cx = float(frame[_mean_col(frame, x_metric)].iloc[0])
         cy = float(frame[_mean_col(frame, y_metric)].iloc[0])
-        ax.scatter([cx], [cy], marker="*", s=160, color=f"C{(i + 5) % 10}", edgecolors="black", label=label, zorder=3)
+        color = f"C{(i + color_offset) % 10}"
+        ax.scatter([cx], [cy], marker="*", s=160, color=color, edgecolors="black", label=label, zorder=3)
     ax.set_xlabel(x_metric)
     ax.set_ylabel(y_metric)
     if ax.get_legend_handles_labels()[0]:
@@ -333,16 +347,7 @@ def plot_tradeoff(
             ax.annotate(str(vi), (xi, yi), fontsize=7, xytext=(3, 3), textcoords="offset points")
     if show_pareto:
         plot_pareto_frontier(ordered, x_metric, y_metric, maximize_x=maximize_x, maximize_y=maximize_y, ax=ax)
-    for i, (label, frame) in enumerate(compare):
-        cx = float(frame[_mean_col(frame, x_metric)].iloc[0])
-        cy = float(frame[_mean_col(frame, y_metric)].iloc[0])
-        ax.scatter([cx], [cy], marker="*", s=160, color=f"C{i % 10}", edgecolors="black", label=label, zorder=3)
-    ax.set_xlabel(x_metric)
-    ax.set_ylabel(y_metric)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend()
-    _save(ax.figure, save_path)
-    return ax
+    return _finish_tradeoff(ax, compare, x_metric, y_metric, save_path, color_offset=0)
 
 
 def plot_sensitivity(
