@@ -184,6 +184,7 @@ class SteeringPipeline:
         if not report.ok:
             raise UnsupportedPipelineError(report)
         backend = backend_class(self.backend.kind)(self.backend.options)
+        given_model, given_tokenizer = self.model, self.tokenizer
         try:
             backend.load(
                 model_name_or_path=self.model_name_or_path,
@@ -205,6 +206,7 @@ class SteeringPipeline:
                     backend.model = self.model = replaced
         except BaseException:
             backend.release()
+            self.model, self.tokenizer = given_model, given_tokenizer  # a failed steer keeps no loaded model
             raise
         self._backend = backend
         self._is_steered = True

@@ -338,3 +338,18 @@ def test_flat_list_row_value_at_batch_one_is_repeated_whole_for_n(tiny):
         "hi", runtime_kwargs={"tag": [["x", "y"]]}, max_new_tokens=2, n=2, temperature=1.0, return_output=True
     )
     assert control.seen[-1] == (2, [["x", "y"]] * 2)
+
+
+class FailingSteer(OutputControl):
+    def requirements(self):
+        return frozenset()
+
+    def steer(self, model, tokenizer=None, **kwargs):
+        raise RuntimeError("cannot prepare")
+
+
+def test_a_failed_steer_keeps_no_loaded_model():
+    pipeline = SteeringPipeline(TINY_REF, controls=[FailingSteer()], device="cpu")
+    with pytest.raises(RuntimeError, match="cannot prepare"):
+        pipeline.steer()
+    assert pipeline.model is None and pipeline.tokenizer is None and not pipeline.is_steered
