@@ -19,6 +19,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qsl
 
 import torch
@@ -142,6 +143,34 @@ def build_tiny_model(spec: TinySpec = TinySpec()) -> tuple[LlamaForCausalLM, Pre
     model.generation_config.bos_token_id = tokenizer.bos_token_id
     model.eval()
     return model, tokenizer
+
+
+FAMILY_DEFAULTS: dict[str, int] = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "vocab_size": 128,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+
+def build_family_model(model_type: str, *, seed: int = 0, attn_implementation: str | None = None, **config: Any):
+    """A tiny random model of another decoder family (`qwen2`, `mistral`, `gemma3_text`...), for layout tests.
+
+    Grouped-query attention by default (4 heads, 2 KV heads); `config` overrides `FAMILY_DEFAULTS`.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    family_config = AutoConfig.for_model(model_type, **{**FAMILY_DEFAULTS, **config})
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(family_config, attn_implementation=attn_implementation)
+    return model.eval()
 
 
 def save_tiny_model(path: str | os.PathLike, spec: TinySpec = TinySpec()) -> Path:

@@ -7,19 +7,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from steer_hydra.core.layout import resolve_layout
-
-SMALL = dict(
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=3,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=8,
-    vocab_size=128,
-    pad_token_id=0,
-    bos_token_id=1,
-    eos_token_id=2,
-)
+from steer_hydra.models.tiny import FAMILY_DEFAULTS, build_family_model
 
 # (model_type, expected layers path, expected attention child)
 FAMILIES = [
@@ -33,10 +21,7 @@ FAMILIES = [
 
 
 def _random_model(model_type: str, **overrides):
-    config = AutoConfig.for_model(model_type, **{**SMALL, **overrides})
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        return AutoModelForCausalLM.from_config(config)
+    return build_family_model(model_type, **{"num_hidden_layers": 3, **overrides})
 
 
 @pytest.mark.parametrize(("model_type", "layers_path", "attention"), FAMILIES)
@@ -84,7 +69,7 @@ def test_layout_refuses_a_model_without_decoder_layers():
     class NotADecoder(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.config = AutoConfig.for_model("llama", **SMALL)
+            self.config = AutoConfig.for_model("llama", **FAMILY_DEFAULTS)
             self.blocks = torch.nn.ModuleList([torch.nn.Linear(2, 2)])
 
     with pytest.raises(ValueError, match="Could not find the decoder layers of NotADecoder"):

@@ -4,34 +4,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
 
 from steer_hydra.controls.state import CAA, PASTA
 from steer_hydra.core import SteeringPipeline
 from steer_hydra.models import build_tiny_tokenizer
+from steer_hydra.models.tiny import build_family_model
 
 PROMPTS = ["the capital of france is paris and the river", "count one two three"]
 SUBSTRINGS = [["paris"], ["two"]]
 
 
 def _model(model_type: str, attn: str, vocab: int, **overrides):
-    config = AutoConfig.for_model(
-        model_type,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        vocab_size=vocab,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-        **overrides,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(config, attn_implementation=attn)
+    model = build_family_model(model_type, attn_implementation=attn, vocab_size=vocab, **overrides)
     for parameter in model.parameters():  # larger weights, so that attention is far from uniform
         parameter.data.mul_(8.0 if parameter.dim() > 1 else 1.0)
     return model.eval()
