@@ -14,6 +14,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 from omegaconf import DictConfig
 
 from steer_hydra.app.analysis import deltas_for, headline, long_samples, plot_job, summary_metrics, task_samples
@@ -83,33 +84,27 @@ def run_job(cfg: DictConfig, output_dir: str | Path) -> float:
     tracker = make_tracker(cfg, plan, output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     logger.info("Job: arm %s [%s] on suite %s; logs under %s", plan.arm, plan.config_id, plan.suite.name, plan.save_dir)
+    plan.record_protocol()  # before any log exists, so a later job with another protocol is refused
     exit_code = 1
     try:
         if tracker is not None:
             tracker.start()
         records = runner.run()[plan.arm]
-        plan.record_protocol()
         results = runner.results()
         results.to_csv(output_dir / "results.csv", index=False)
-        frames = task_samples(results, plan.save_dir, include_text=True)
-        samples = long_samples(frames)
+        samples = long_samples(task_samples(results, plan.save_dir, include_text=True))
         samples.to_csv(output_dir / "samples.csv", index=False)
 
-        # the baseline (evaluated earlier into the same save_dir, or by this job) for paired deltas
+        # paired deltas against the baseline, evaluated earlier into the same save_dir or by this job
+        baseline = str(cfg.baseline_arm)
         everything = results_from_logs(plan.save_dir, arm_names(plan.save_dir))
-        everything = everything[everything["suite"] == plan.suite.name]
-        compared = everything[everything["config"].isin([plan.arm, cfg.baseline_arm])]
-        deltas = (
-            deltas_for(task_samples(compared, plan.save_dir), cfg.baseline_arm)
-            if plan.arm != cfg.baseline_arm
-            else None
-        )
-        if deltas is not None and not deltas.empty:
-            deltas = deltas[deltas["pipeline"] == plan.arm]
+        compared = everything[
+            (everything["suite"] == plan.suite.name) & everything["config"].isin([plan.arm, baseline])
+        ]
+        deltas = deltas_for(task_samples(compared, plan.save_dir), baseline) if plan.arm != baseline else pd.DataFrame()
+        if not deltas.empty:
             deltas.to_csv(output_dir / "paired_deltas.csv", index=False)
-        plots = plot_job(
-            compared if not compared.empty else results, deltas if deltas is not None else results.iloc[0:0], output_dir
-        )
+        plots = plot_job(compared, deltas, output_dir)
 
         provenance = {
             "git_commit": git_commit(),
@@ -142,11 +137,10 @@ def run_job(cfg: DictConfig, output_dir: str | Path) -> float:
         if tracker is not None:
             tracker.config({"provenance": provenance})
             summary: dict[str, Any] = {**metrics, "objective": objective}
-            if deltas is not None and not deltas.empty:
-                for row in deltas.itertuples(index=False):
-                    key = "/".join(["delta", row.suite, row.task.replace("/", "."), row.metric])
-                    summary[key] = row.delta
-                    summary[key + "/ci_low"], summary[key + "/ci_high"] = row.ci_low, row.ci_high
+            for row in deltas.itertuples(index=False):
+                key = "/".join(["delta", row.suite, row.task.replace("/", "."), row.metric])
+                summary[key] = row.delta
+                summary[key + "/ci_low"], summary[key + "/ci_high"] = row.ci_low, row.ci_high
             tracker.summary(summary)
             if cfg.logger.log_samples:
                 tracker.table("samples", samples)
