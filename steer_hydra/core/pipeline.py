@@ -466,18 +466,8 @@ class SteeringPipeline:
             rolled += sum(len(strip_trailing(row, pad)[0]) for row in sequences[:, input_ids.shape[1] :].tolist())
             return sequences
 
-        sampling = (
-            {}
-            if params.greedy
-            else {
-                k: v
-                for k, v in (("temperature", params.temperature), ("top_p", params.top_p), ("top_k", params.top_k))
-                if v is not None
-            }
-        )
-        for name in ("min_new_tokens", "repetition_penalty"):
-            if getattr(params, name) is not None:
-                sampling[name] = getattr(params, name)
+        names = ("min_new_tokens", "repetition_penalty") + (() if params.greedy else ("temperature", "top_p", "top_k"))
+        sampling = {name: getattr(params, name) for name in names if getattr(params, name) is not None}
         # drivers sample by design, so a given seed applies even when the call itself is greedy
         seed = None if params.seed is None else derive_item_seed(params.seed, _SEED_OP, 0)
         with backend.applied(hooks), backend.seeded(seed):
