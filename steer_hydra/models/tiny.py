@@ -1,8 +1,8 @@
 """Build the tiny offline Llama and its in-code BPE tokenizer, deterministically, and cache them on disk by spec.
 
 Nothing here touches the network. `build_tiny_model(TinySpec(...))` returns `(model, tokenizer)`;
-`resolve_model_reference("steer_hydra:tiny")` materializes the checkpoint under the cache directory
-(`$STEER_HYDRA_CACHE`, default `~/.cache/steer_hydra`) and returns its path, so anything that takes a
+`resolve_model_reference("steer_hydra:tiny")` (in `references`) materializes the checkpoint under the cache
+directory (`$STEER_HYDRA_CACHE`, default `~/.cache/steer_hydra`) and returns its path, so anything that takes a
 `model_name_or_path` (the pipeline, the Hydra `model=tiny` option, Inspect's `hf/` provider) can point at it.
 
 References: `steer_hydra:tiny` (chat template) and `steer_hydra:tiny-base` (no template, the "base model" case),
@@ -209,17 +209,10 @@ def parse_tiny_reference(ref: str) -> TinySpec:
     return TinySpec(**overrides)
 
 
-def cache_dir() -> Path:
-    """Where built checkpoints are cached."""
-    return Path(os.environ.get("STEER_HYDRA_CACHE", Path.home() / ".cache" / "steer_hydra"))
-
-
-def resolve_model_reference(ref: str) -> str:
-    """Return a loadable path for a tiny reference (building it once, atomically); other references unchanged."""
-    if not is_tiny_reference(ref):
-        return ref
+def resolve_tiny_reference(ref: str, cache_root: Path) -> str:
+    """A loadable path for a tiny reference under `cache_root` (built once, atomically)."""
     spec = parse_tiny_reference(ref)
-    target = cache_dir() / "models" / f"tiny-{spec.digest()}"
+    target = cache_root / "models" / f"tiny-{spec.digest()}"
     if (target / "config.json").exists():
         return str(target)
     target.parent.mkdir(parents=True, exist_ok=True)
