@@ -18,8 +18,10 @@ def main(cfg: DictConfig) -> float:
     """Compose, evaluate one arm on one suite into the shared save_dir, track; return the headline metric."""
     from steer_hydra.app.job import run_job
     from steer_hydra.app.plan import ConfigError
+    from steer_hydra.app.preflight import preflight
 
     try:
+        preflight(cfg)  # every config mistake that needs no model, before anything loads or is written
         return run_job(cfg, HydraConfig.get().runtime.output_dir)
     except ConfigError as error:  # a config mistake: say what and how to fix it, no traceback
         sys.exit(f"steer_hydra: invalid configuration: {error}")
