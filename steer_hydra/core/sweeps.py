@@ -5,7 +5,9 @@ Invariants:
 - expansion and preflight are pure: no model is loaded and no control is steered;
 - `config_id` is `"baseline"` for the empty arm, else the 12-hex digest of the point's canonical descriptor, so
   the same configuration gets the same id (and log directory) in every run;
-- `PipelineFactory.steered()` holds at most one configuration's pipeline at a time and always releases it;
+- `PipelineFactory.steered()` holds at most one configuration's pipeline at a time and always releases it; a
+  configuration that loads its own model (structural, or another backend) first drops the shared base, so at most
+  one model is resident;
   Hugging Face configurations without an enabled structural control share one preloaded base model, and a
   tripwire (model fingerprint, sampled weights, registered hooks, attention implementation, tokenizer) drops
   that base when a configuration left it changed, so the next configuration never sees another's edits.
@@ -288,6 +290,7 @@ class PipelineFactory:
         if self.uses_shared_base(controls):
             self._ensure_base()
             return SteeringPipeline(**common, model=self._base_model, tokenizer=self._base_tokenizer)
+        self.release()  # a configuration with its own model: never hold two models at once
         return SteeringPipeline(**common)
 
     def _ensure_base(self) -> None:
@@ -360,9 +363,10 @@ class PipelineFactory:
         self._base_model = None
         self._base_tokenizer = None
         self._base_state = None
+        self._shared_base_fingerprint = None
 
     def release(self) -> None:
-        """Free the shared base model (safe to call twice)."""
+        """Free the shared base model and forget its fingerprint (safe to call twice)."""
         held = self._base_model is not None
         self._drop_base()
         if held:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+import pytest
 import torch
 
 from steer_hydra.core.identity import (
@@ -60,3 +61,55 @@ def test_model_fingerprint_tracks_weights():
     assert model_fingerprint(a) == model_fingerprint(b) != model_fingerprint(c)
     assert model_fingerprint(a, hash_params_below=0) == model_fingerprint(c, hash_params_below=0)
     assert model_fingerprint(None) is None
+
+
+def test_numpy_scalars_and_arrays_canonicalize_by_content():
+    import numpy as np
+
+    assert canonical_value(np.int64(3)) == 3 and canonical_value(np.bool_(True)) is True
+    assert canonical_value(np.float64(0.5)) == 0.5 == canonical_value(np.float32(0.5))
+    assert canonical_value({"k": np.int64(3)}) == canonical_value({"k": 3})
+    assert canonical_value(np.int64(3)) != canonical_value(np.int64(4))
+    a = np.arange(4)
+    assert canonical_value(a) == canonical_value(a.copy()) != canonical_value(a + 1)
+    assert canonical_value(a) != canonical_value(a.astype(np.float64))  # dtype changes meaning
+    assert canonical_value(a) != canonical_value(a.reshape(2, 2))
+    assert canonical_value(np.array(["x", 1], dtype=object)) != canonical_value(np.array(["x", 2], dtype=object))
+
+
+def test_configurations_differing_only_in_numpy_tensor_or_nested_values_get_distinct_ids():
+    import numpy as np
+
+    def descriptor(value):
+        return [{"control": "FewShot", "args": {"pool": [{"q": "a", "n": value}]}, "enabled": True}]
+
+    assert (
+        config_digest(descriptor(np.int64(1))) == config_digest(descriptor(np.int64(1))) == config_digest(descriptor(1))
+    )
+    assert config_digest(descriptor(np.int64(1))) != config_digest(descriptor(np.int64(2)))
+    assert config_digest(descriptor(np.array([1, 2]))) != config_digest(descriptor(np.array([1, 3])))
+    assert config_digest(descriptor(torch.tensor([1.0]))) != config_digest(descriptor(torch.tensor([2.0])))
+    assert config_digest(descriptor(torch.tensor([1.0]))) == config_digest(descriptor(torch.tensor([1.0])))
+    assert config_digest(descriptor({"deep": [np.float32(0.25)]})) != config_digest(descriptor({"deep": [0.5]}))
+
+
+def test_lambdas_partials_and_methods_canonicalize_by_what_they_compute():
+    import functools
+
+    def make(k):
+        return lambda x: x + k
+
+    assert canonical_value(make(1)) == canonical_value(make(1)) != canonical_value(make(2))
+    assert canonical_value(lambda x: x * 2) != canonical_value(lambda x: x * 3)
+    assert canonical_value(functools.partial(max, 1)) != canonical_value(functools.partial(max, 2))
+    assert canonical_value(Point(1, 2.0).__eq__) != canonical_value(Point(2, 2.0).__eq__)
+
+
+def test_a_value_without_content_form_raises_naming_its_path_and_the_fix():
+    class Opaque:
+        pass
+
+    with pytest.raises(TypeError, match=r"value\[0\]\['args'\]\['scorer'\].*Opaque.*Fix: "):
+        canonical_value([{"args": {"scorer": Opaque()}}])
+    with pytest.raises(TypeError, match="meta tensor"):
+        canonical_value(torch.empty(2, device="meta"))

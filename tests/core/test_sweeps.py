@@ -218,6 +218,24 @@ def test_structural_configurations_do_not_share_the_base():
     factory.release()
 
 
+def test_a_structural_configuration_drops_the_shared_base_first_and_release_forgets_it():
+    def live_models():  # whole models (a causal LM holds its base model as a second PreTrainedModel)
+        gc.collect()
+        return sum(1 for o in gc.get_objects() if type(o).__name__.endswith("ForCausalLM"))
+
+    factory = PipelineFactory(TINY_REF, device_map=None)
+    before = live_models()
+    with factory.steered([SystemPrompt(text="x")]):
+        pass
+    assert factory.shared_base_fingerprint is not None and live_models() == before + 1  # the shared base
+    with factory.steered([Rebuild()]) as pipeline:
+        assert factory._base_model is None and factory.shared_base_fingerprint is None
+        assert live_models() == before + 1  # peak: one model, its own
+        assert pipeline.model is not None
+    factory.release()
+    assert factory.shared_base_fingerprint is None and live_models() == before
+
+
 @pytest.mark.parametrize("culprit", [Vandal, Hooker])
 def test_tripwire_drops_a_base_left_changed(culprit, caplog):
     factory = PipelineFactory(TINY_REF, device_map=None)
