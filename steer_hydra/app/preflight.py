@@ -190,7 +190,7 @@ def check_generation(plain: Mapping[str, Any]) -> list[str]:
         rule, ok = _SIGN_RULES[key]
         number = _number(value)
         if number is None or not ok(number):
-            problems.append(f"{where}={value!r}: {key} must be {rule}. Fix: {where}=<{rule}>.")
+            problems.append(f"{where}={value!r}: {key} must be {rule}. Fix: set {where} to a value {rule}.")
     if problems:
         return problems
     gen = {k: v for k, (_, v) in effective.items() if k in generate_keys and v is not None}
@@ -256,9 +256,7 @@ def check_devices(plain: Mapping[str, Any]) -> list[str]:
         if value is None or value == "auto":
             continue
         if not isinstance(value, str) or not isinstance(getattr(torch, value, None), torch.dtype):
-            problems.append(
-                f"{where}={value!r} is not a torch dtype. Fix: {where}=bfloat16, float16, float32 or auto."
-            )
+            problems.append(f"{where}={value!r} is not a torch dtype. Fix: {where}=bfloat16, float16, float32 or auto.")
     return problems
 
 
@@ -271,7 +269,7 @@ def check_backend(plain: Mapping[str, Any]) -> list[str]:
     """The backend's options validate, its extra is installed, and a server's port answers."""
     backend = plain.get("backend") or {}
     kind = str(backend.get("kind"))
-    options = backend.get("options") or {}
+    options = {k: v for k, v in (backend.get("options") or {}).items() if not is_secret_name(str(k))}  # see above
     if kind == "vllm_serve":
         from steer_hydra.backends.vllm_serve import ServeOptions
 
@@ -327,13 +325,7 @@ def check_model(plain: Mapping[str, Any]) -> list[str]:
     if not isinstance(ref, str) or not ref:
         return [f"{where} is empty. Fix: model=<option> or {where}=<Hub id or local folder>."]
     if ref.startswith("steer_hydra:"):
-        from steer_hydra.models.tiny import parse_tiny_reference
-
-        try:
-            parse_tiny_reference(ref)
-        except ValueError as error:
-            return [f"{where}={ref!r}: {error} Fix: model=tiny or model=tiny_base."]
-        return []
+        return _builtin_problems(ref, where)
     path = Path(ref).expanduser()
     if path.exists():
         if path.is_dir() and not (path / "config.json").exists() and not list(path.glob("*.gguf")):
@@ -360,6 +352,29 @@ def check_model(plain: Mapping[str, Any]) -> list[str]:
             "or point model.model_name_or_path at a local folder."
         ]
     return _hub_lookup(ref, where)
+
+
+def _builtin_problems(ref: str, where: str) -> list[str]:
+    from steer_hydra.models import BUILTIN_REFERENCES, is_smollm2_reference, is_tiny_reference
+    from steer_hydra.models.smollm2 import gguf_path
+    from steer_hydra.models.tiny import parse_tiny_reference
+
+    if is_tiny_reference(ref):
+        try:
+            parse_tiny_reference(ref)
+        except ValueError as error:
+            return [f"{where}={ref!r}: {error} Fix: model=tiny or model=tiny_base."]
+        return []
+    if is_smollm2_reference(ref):
+        try:
+            gguf_path()
+        except ImportError as error:
+            return [f"{where}={ref!r}: {error}"]
+        return []
+    return [
+        f"{where}={ref!r} is not a built-in model reference. Fix: one of {list(BUILTIN_REFERENCES)}, a Hub id "
+        "or a local folder."
+    ]
 
 
 def _cached_hub_file(repo_id: str, filename: str) -> str | None:
@@ -402,9 +417,11 @@ def model_context(plain: Mapping[str, Any]) -> tuple[int, str] | None:
     config: Mapping[str, Any] | None = None
     try:
         if ref.startswith("steer_hydra:"):
+            from steer_hydra.models import is_tiny_reference
             from steer_hydra.models.tiny import parse_tiny_reference
 
-            config = {"max_position_embeddings": parse_tiny_reference(ref).max_position_embeddings}
+            if is_tiny_reference(ref):
+                config = {"max_position_embeddings": parse_tiny_reference(ref).max_position_embeddings}
         elif (Path(ref).expanduser() / "config.json").is_file():
             config = json.loads((Path(ref).expanduser() / "config.json").read_text())
         elif not _looks_local(ref):
@@ -425,11 +442,18 @@ def model_context(plain: Mapping[str, Any]) -> tuple[int, str] | None:
 def check_tasks(plain: Mapping[str, Any]) -> list[str]:
     """Every task name resolves in Inspect's registry (or names an existing file), naming the unknown one."""
     tasks = _get(plain, "suite.tasks") or []
-    problems = []
+    problems, missing_packages = [], set()
     for index, name in enumerate(tasks):
         where = f"suite.tasks[{index}]"
+        package = str(name).split("/")[0] if "/" in str(name) and "@" not in str(name) else None
+        if package in missing_packages:
+            continue
         problem = _task_problem(str(name))
-        if problem:
+        if problem and package and "is not installed" in problem:
+            missing_packages.add(package)
+            others = [str(t) for t in tasks if str(t).startswith(f"{package}/")]
+            problems.append(f"suite.tasks={others}: {problem}")
+        elif problem:
             problems.append(f"{where}={name!r}: {problem}")
     return problems
 
