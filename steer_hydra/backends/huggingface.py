@@ -17,6 +17,7 @@ from transformers import (
     StoppingCriteriaList,
 )
 
+from steer_hydra.backends.refill import RefillEngine
 from steer_hydra.core.backend import Backend
 from steer_hydra.core.capabilities import Capability
 from steer_hydra.core.controls import HookSet
@@ -149,6 +150,19 @@ class HFBackend(Backend):
                 for factory in hook_set.get("context", ()):
                     stack.enter_context(factory())
             yield
+
+    def refill_engine(self, max_rows: int, build_hooks: Any) -> RefillEngine:
+        """A `RefillEngine` on this model: slots of finished rows are refilled between decode steps."""
+        eos = getattr(self.model.generation_config, "eos_token_id", None)
+        eos_ids = [] if eos is None else [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+        return RefillEngine(
+            self.model,
+            self.tokenizer,
+            max_rows=max_rows,
+            build_hooks=build_hooks,
+            applied=self.applied,
+            eos_token_ids=eos_ids,
+        )
 
     def release(self) -> None:
         self.model = None

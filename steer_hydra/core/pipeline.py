@@ -10,6 +10,7 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 import logging
 import warnings
 from collections.abc import Mapping, Sequence
@@ -549,6 +550,107 @@ class SteeringPipeline:
     def _enabled(controls: Sequence[BaseControl]) -> list:
         return [c for c in controls if c.enabled]
 
+    # ------------------------------------------------------------------ refill (continuous batching)
+    def refill_blockers(self) -> list[str]:
+        """Why this pipeline cannot decode with slot refill (`open_refill`); empty when it can."""
+        if not self._is_steered:
+            return ["the pipeline is not steered"]
+        blockers = []
+        if not callable(getattr(self._backend, "refill_engine", None)):
+            blockers.append(f"backend {self.backend.kind!r} has no refill engine")
+        if self._sets.drivers():
+            blockers.append("a decoding driver owns the decode loop")
+        for control in self._enabled(self._sets.state):
+            if not getattr(control, "supports_refill", False):
+                blockers.append(f"{type(control).__name__} does not declare supports_refill")
+        return blockers
+
+    def open_refill(self, max_rows: int) -> Any:
+        """A refill engine (Hugging Face backend) whose rows are admitted with `admit_refill`; see backends.refill."""
+        blockers = self.refill_blockers()
+        if blockers:
+            raise ValueError(f"This pipeline cannot refill: {'; '.join(blockers)}. Fix: use static batching.")
+        return self._backend.refill_engine(max_rows, self._refill_hooks)
+
+    def admit_refill(
+        self,
+        engine: Any,
+        on_done: Sequence[Any],
+        *,
+        runtime_kwargs: Mapping[str, Any] | None = None,
+        row_max_new_tokens: Sequence[int] | None = None,
+        messages: Any = None,
+        text: Sequence[str] | None = None,
+        **gen_kwargs: Any,
+    ) -> None:
+        """Run the prompt phase for a batch of chats (or texts) and admit its rows into `engine`.
+
+        `on_done[i](output, error)` receives row i's `Output` (or the error that ended it) on the engine thread.
+        Rows get the seeds, runtime kwargs and lowered parameters a static call gives them (`item` seeds per row:
+        each row samples from its own generator); `row_max_new_tokens` caps rows individually.
+        Raises ValueError (nothing admitted) for calls refill cannot run: `n > 1`, extra `model.generate`
+        kwargs, live logits processors or stopping criteria.
+        """
+        if (messages is None) == (text is None):
+            raise TypeError("admit_refill takes exactly one of messages= or text= (a batch).")
+        template_kwargs = gen_kwargs.pop("chat_template_kwargs", None)
+        params = GenerationParams.from_kwargs(**gen_kwargs)
+        runtime_kwargs = dict(runtime_kwargs or {})
+        if messages is not None:
+            prompt = self._from_messages(list(messages), runtime_kwargs, template_kwargs)
+        else:
+            prompt = self._from_text(list(text), runtime_kwargs)
+        params = self._lowered(params, runtime_kwargs)
+        if params.n != 1 or params.extra:
+            raise ValueError(
+                f"refill decodes n=1 without extra generate kwargs; got n={params.n}, {dict(params.extra)}."
+            )
+        ids, mask = prompt.input_ids, prompt.attention_mask
+        processors, criteria = self._step_controls(ids, mask, params, runtime_kwargs)
+        if processors or criteria:
+            raise ValueError("refill cannot run live logits processors or stopping criteria; use static batching.")
+        batch = ids.shape[0]
+        if len(on_done) != batch:
+            raise ValueError(f"admit_refill got {len(on_done)} callbacks for {batch} prompts.")
+        limits = list(row_max_new_tokens) if row_max_new_tokens is not None else [params.max_new_tokens] * batch
+        seeds = self._row_seeds(params.replace(seed_scope="item"), batch)
+        eos = self._backend.eos_token_ids
+        rows = []
+        for i in range(batch):
+            row_params = params.replace(max_new_tokens=int(limits[i]))
+            prompt_ids = ids[i, mask[i].bool()].tolist()
+            rows.append(
+                _RefillRow(
+                    prompt_ids=prompt_ids,
+                    params=row_params,
+                    seed=seeds[i],
+                    runtime_kwargs=self._slice_rows(runtime_kwargs, batch, slice(i, i + 1)),
+                    on_done=functools.partial(self._refill_done, on_done[i], prompt_ids, row_params, eos),
+                )
+            )
+        engine.admit(rows, ids, mask)
+
+    def _refill_done(
+        self, callback: Any, prompt_ids: list[int], params: GenerationParams, eos: list[int], ids: Any, error: Any
+    ) -> None:
+        if error is not None:
+            callback(None, error)
+            return
+        continuation = torch.tensor([ids], dtype=torch.long)
+        reasons = infer_finish_reasons(
+            continuation,
+            self.tokenizer,
+            max_new_tokens=params.max_new_tokens,
+            stop_strings=params.stop_strings,
+            stop_token_ids=params.stop_token_ids,
+            eos_token_ids=eos,
+        )
+        callback(Output(continuation, torch.tensor([prompt_ids], dtype=torch.long), reasons, None), None)
+
+    def _refill_hooks(self, ids: torch.Tensor, mask: torch.Tensor, rows: Sequence[Mapping[str, Any]]) -> list[HookSet]:
+        """Hooks for one refill batch composition: per-row runtime kwargs merged back into one call's form."""
+        return self._hooks(ids, mask, GenerationParams(), merge_row_kwargs(rows, self._row_scoped()))
+
     # ------------------------------------------------------------------ return phase
     def _package(
         self,
@@ -582,6 +684,35 @@ class SteeringPipeline:
             for t in self.tokenizer.batch_decode(continuations, skip_special_tokens=True)
         ]
         return texts[0] if prompt.single else texts
+
+
+@dataclass(slots=True)
+class _RefillRow:
+    """One row handed to a refill engine (the fields `backends.refill.RefillEngine.admit` reads)."""
+
+    prompt_ids: list[int]
+    params: GenerationParams
+    seed: int | None
+    runtime_kwargs: dict[str, Any]
+    on_done: Any
+
+
+def merge_row_kwargs(rows: Sequence[Mapping[str, Any]], row_scoped: set[str]) -> dict[str, Any]:
+    """One call's runtime kwargs from single-row slices: row-scoped `[value]` lists are concatenated in row order,
+    other values (call-scoped, or a broadcast form) must agree across rows."""
+    merged: dict[str, Any] = {}
+    names = set().union(*(r.keys() for r in rows)) if rows else set()
+    for name in sorted(names):
+        values = [r.get(name) for r in rows]
+        if any(name not in r for r in rows):
+            raise ValueError(f"Runtime kwarg {name!r} is set on some refill rows but not on others.")
+        if name in row_scoped and all(isinstance(v, list) and len(v) == 1 for v in values):
+            merged[name] = [v[0] for v in values]
+        elif all(v == values[0] for v in values):
+            merged[name] = values[0]
+        else:
+            raise ValueError(f"Runtime kwarg {name!r} differs across refill rows but is not in per-row form.")
+    return merged
 
 
 def _is_flat_row_value(value: Any, entry: Mapping[str, Any]) -> bool:

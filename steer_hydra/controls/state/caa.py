@@ -95,6 +95,7 @@ class CAA(LayerVectorControl):
                 raise ValueError(f"CAA.batch_size must be >= 1; got {self.batch_size}.")
 
     supports_batching = True
+    supports_refill = True  # decode positions are past the layout prompt it is given (see backends.refill)
 
     DEFAULT_DEPTH = DEFAULT_DEPTH
 

@@ -264,6 +264,7 @@ class PASTA(HookControl):
         }
     ]
     supports_batching = True
+    supports_refill = True  # spans come from the mask of the prompt layout it is given (see backends.refill)
 
     def _configure(self) -> None:
         self._heads = normalize_head_config(self.head_config)
