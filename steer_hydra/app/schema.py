@@ -88,12 +88,13 @@ class BackendConfig:
 
 @dataclass
 class LoggerConfig:
-    """`logger` group: W&B tracking (`auto` = online when logged in, else offline) or none."""
+    """`logger` group: W&B tracking (`auto` = offline unless WANDB_MODE says otherwise; `online` on request) or none."""
 
     kind: LoggerKind = LoggerKind.wandb
     project: str = "steer_hydra"
     entity: Optional[str] = None  # noqa: UP045
     mode: WandbMode = WandbMode.auto
+    init_timeout: float = 30.0  # seconds an online init may take before the run falls back to offline
     log_samples: bool = True
     log_artifact: bool = True
 

@@ -1,41 +1,59 @@
-"""W&B tracking for one job: init (offline unless logged in), summary, tables, images, artifacts, always finished.
+"""W&B tracking for one job: init (offline unless asked for online), summary, tables, images, artifacts, finished.
 
 Every call is guarded: a W&B failure (unwritable dir, init error, upload error) logs a warning and turns the
 tracker into a no-op, so the evaluation results on disk are never lost because of tracking.
+
+Mode: `auto` (the default) is offline unless `WANDB_MODE` says otherwise; an API key in the environment or in
+netrc does not switch it online: ask with `logger.mode=online`. An online init that fails (no network, a bad
+key, a server that does not answer) gives up after `init_timeout` seconds and falls back to an offline run,
+with a warning that says how to upload it (`wandb sync`).
+
+Secrets: W&B records the command line (`sys.argv`) in its run metadata; `start()` hands it a copy with the
+values of secret-named overrides (`+api_token=...`) and of secret env vars replaced by `***`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import re
+import sys
+import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from steer_hydra.app.secrets import Redactor
 
 logger = logging.getLogger(__name__)
 
 MODES = ("auto", "online", "offline", "disabled")
+DEFAULT_INIT_TIMEOUT = 30.0  # seconds an online init may take before falling back to offline
 
 
 def resolve_mode(mode: str | None) -> str:
-    """`auto` means online when W&B has an API key configured (env or netrc), else offline; WANDB_MODE wins."""
+    """`auto` means offline unless `WANDB_MODE` names a mode; WANDB_MODE wins over every mode (tests set it)."""
     env_mode = os.environ.get("WANDB_MODE")
     if env_mode in ("online", "offline", "disabled", "dryrun"):
         return "offline" if env_mode == "dryrun" else env_mode
     mode = mode or "auto"
     if mode not in MODES:
         raise ValueError(f"logger.mode must be one of {MODES}; got {mode!r}.")
-    if mode != "auto":
-        return mode
-    import wandb
+    return "offline" if mode == "auto" else mode
 
+
+@contextlib.contextmanager
+def redacted_argv() -> Iterator[None]:
+    """`sys.argv` with secret override values replaced for the duration of the body (W&B records it at init)."""
+    original = sys.argv
+    sys.argv = Redactor(original[1:]).argv(original)
     try:
-        return "online" if wandb.login(verify=False, prompt=False) else "offline"
-    except Exception:  # no key, no TTY: stay offline
-        return "offline"
+        yield
+    finally:
+        sys.argv = original
 
 
 class Tracker:
@@ -53,6 +71,7 @@ class Tracker:
         job_type: str | None = None,
         tags: Sequence[str] = (),
         config: Mapping[str, Any] | None = None,
+        init_timeout: float | None = None,
     ) -> None:
         self.init_kwargs = {
             "project": project,
@@ -66,6 +85,10 @@ class Tracker:
             "reinit": "finish_previous",
         }
         self.mode = mode
+        if init_timeout is None:  # the job hands its whole (redacted) config: use its logger.init_timeout
+            init_timeout = ((config or {}).get("logger") or {}).get("init_timeout")
+        self.init_timeout = float(init_timeout if init_timeout is not None else DEFAULT_INIT_TIMEOUT)
+        self.fell_back_offline = False
         self.run: Any = None
         self.logged_summary: dict[str, Any] = {}
 
@@ -82,15 +105,56 @@ class Tracker:
             return None
 
     def start(self) -> Tracker:
-        def init() -> Any:
-            import wandb
-
-            mode = resolve_mode(self.mode)
-            Path(self.init_kwargs["dir"]).mkdir(parents=True, exist_ok=True)
-            return wandb.init(mode=mode, **self.init_kwargs)
-
-        self.run = self._guard("init", init)
+        self.run = self._guard("init", self._init)
         return self
+
+    def _init(self) -> Any:
+        import wandb
+
+        mode = resolve_mode(self.mode)
+        Path(self.init_kwargs["dir"]).mkdir(parents=True, exist_ok=True)
+        began = time.monotonic()
+        try:
+            if mode == "online":
+                self._probe_server()
+            with redacted_argv():
+                return wandb.init(mode=mode, settings=self._settings(), **self.init_kwargs)
+        except Exception as error:
+            if mode != "online":
+                raise
+            failure, elapsed = error, time.monotonic() - began
+        with contextlib.suppress(Exception):  # a half-started online run must not linger
+            wandb.finish(exit_code=1)
+        message = (
+            f"W&B online init failed after {elapsed:.1f}s (limit logger.init_timeout={self.init_timeout:g}s; "
+            f"{type(failure).__name__}: {_first_line(failure)}); logging this run offline under "
+            f"{self.init_kwargs['dir']}/wandb. Upload it later with `wandb sync <that offline-run-* folder>`."
+        )
+        warnings.warn(message, stacklevel=3)
+        logger.warning(message)
+        self.fell_back_offline = True
+        with redacted_argv():
+            return wandb.init(mode="offline", settings=self._settings(), **self.init_kwargs)
+
+    def _probe_server(self) -> None:
+        """Raise ConnectionError when the W&B server does not answer an HTTP request within `init_timeout`.
+
+        wandb.init itself retries for much longer than its `init_timeout` when the server is unreachable or
+        accepts connections without answering; one bounded request tells that case apart in seconds.
+        """
+        import httpx
+        import wandb
+
+        url = str(wandb.setup().settings.base_url)  # env, settings files, then the default
+        try:
+            httpx.get(url, timeout=self.init_timeout, follow_redirects=False)
+        except httpx.HTTPError as error:
+            raise ConnectionError(f"the W&B server {url} did not answer ({type(error).__name__}: {error})") from error
+
+    def _settings(self) -> Any:
+        import wandb
+
+        return wandb.Settings(init_timeout=self.init_timeout)
 
     def summary(self, metrics: Mapping[str, Any]) -> None:
         if self.run is not None:
@@ -154,3 +218,8 @@ class Tracker:
             yaml.safe_dump(json.loads(json.dumps(self.init_kwargs["config"], default=str)), sort_keys=True)
         )
         (files_dir / "wandb-summary.json").write_text(json.dumps(self.logged_summary, indent=1, default=str))
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:300] if text else ""
