@@ -21,12 +21,16 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    import importlib.util
+
+    no_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    no_vllm = pytest.mark.skip(reason="needs vLLM importable (scripts/setup_vllm.sh builds .venv-vllm)")
+    has_gpu, has_vllm = torch.cuda.is_available(), importlib.util.find_spec("vllm") is not None
     for item in items:
-        if item.get_closest_marker("gpu") or item.get_closest_marker("vllm"):
-            item.add_marker(skip)
+        if item.get_closest_marker("gpu") and not has_gpu:
+            item.add_marker(no_gpu)
+        elif item.get_closest_marker("vllm") and not has_vllm:
+            item.add_marker(no_vllm)
 
 
 @pytest.fixture

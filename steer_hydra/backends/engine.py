@@ -33,6 +33,7 @@ from steer_hydra.backends.lowering import (
     row_seeds,
     sampling_fields,
 )
+from steer_hydra.backends.vllm_steering import EngineSteering
 from steer_hydra.core.backend import Backend
 from steer_hydra.core.capabilities import Capability
 from steer_hydra.core.params import GenerationParams
@@ -41,7 +42,7 @@ from steer_hydra.models import resolve_model_reference
 logger = logging.getLogger(__name__)
 
 
-class TokenEngineBackend(Backend):
+class TokenEngineBackend(EngineSteering, Backend):
     """Base of backends that generate on a vLLM engine (in this process or behind a server) from token ids."""
 
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
@@ -84,6 +85,7 @@ class TokenEngineBackend(Backend):
                 self.kind,
             )
         self.model_path = resolve_model_reference(model_name_or_path) if model_name_or_path else None
+        self._trust_remote_code = trust_remote_code
         self.tokenizer = self._client_tokenizer(tokenizer, tokenizer_name_or_path, trust_remote_code)
         self._generation_eos = _generation_config_eos(self.model_path)
         self._open(model_name_or_path=model_name_or_path, trust_remote_code=trust_remote_code)
@@ -163,7 +165,8 @@ class TokenEngineBackend(Backend):
         return torch.cat([input_ids.repeat_interleave(params.n, 0), continuations], dim=1)
 
     def _run(self, prompts: list[list[int]], params: GenerationParams, seeds: Sequence[int | None]) -> torch.Tensor:
-        fields = [sampling_fields(params, seed=seed) for seed in seeds]
+        steering = self._steering_fields(prompts)  # layer-vector controls lowered to the engine (vllm_steering)
+        fields = [sampling_fields(params, seed=seed) | extra for seed, extra in zip(seeds, steering, strict=True)]
         candidates = self._complete(prompts, fields)
         return pad_continuations(expand_candidates(candidates, params.n), self.tokenizer.pad_token_id)
 

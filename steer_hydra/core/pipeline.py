@@ -135,7 +135,8 @@ class SteeringPipeline:
     def check(self, backend: BackendSpec | str | None = None) -> SupportReport:
         """Evaluate every enabled control against the backend; pure (no I/O, nothing loaded)."""
         spec = BackendSpec.coerce(backend) if backend is not None else self.backend
-        capabilities = backend_class(spec.kind).capabilities
+        backend_cls = backend_class(spec.kind)
+        capabilities = backend_cls.capabilities
         failures: list[SupportFailure] = []
         drivers = self._sets.drivers()
         if len(drivers) > 1:
@@ -151,7 +152,7 @@ class SteeringPipeline:
                 )
         for control in self._sets.enabled():
             name = type(control).__name__
-            missing = control.requirements() - capabilities
+            missing = backend_cls.requirements_of(control) - capabilities
             if missing:
                 atoms = ", ".join(sorted(m.value for m in missing))
                 failures.append(
@@ -200,9 +201,7 @@ class SteeringPipeline:
             self.model, self.tokenizer = backend.model, backend.tokenizer
             self._inject_tokenizer()
             for control in self._sets.enabled():
-                replaced = control.steer(
-                    backend.model, tokenizer=self.tokenizer, backend=self.backend.kind, **steer_kwargs
-                )
+                replaced = backend.steer_control(control, self.tokenizer, **steer_kwargs)
                 if isinstance(replaced, torch.nn.Module):
                     backend.model = self.model = replaced
         except BaseException:
@@ -494,7 +493,9 @@ class SteeringPipeline:
         self, ids: torch.Tensor, mask: torch.Tensor, params: GenerationParams, runtime_kwargs: Mapping[str, Any]
     ) -> list[HookSet]:
         return [
-            control.get_hooks(ids, runtime_kwargs, attention_mask=mask, model=self._backend.model, params=params)
+            self._backend.state_hooks(
+                control, ids, runtime_kwargs, attention_mask=mask, model=self._backend.model, params=params
+            )
             for control in self._enabled(self._sets.state)
         ]
 

@@ -136,7 +136,7 @@ def _score(prompt, continuations, params):
 
 REFUSED = [
     ("steer_hydra.controls.state.pasta", "PASTA", lambda cls: cls(head_config=[0], alpha=0.01)),
-    ("steer_hydra.controls.state.caa", "CAA", lambda cls: cls(steering_vector=torch.zeros(64), layer_id=0)),
+    ("steer_hydra.controls.state.caa", "CAA", lambda cls: cls(data=[{"positive": "yes", "negative": "no"}])),
     ("steer_hydra.controls.state.actadd", "ActAdd", lambda cls: cls(positive_prompt="Love", negative_prompt="Hate")),
     ("steer_hydra.controls.output.deal", "DeAL", lambda cls: cls(reward_func=_score)),
 ]
@@ -149,6 +149,14 @@ def test_real_in_process_controls_are_refused_with_the_fix(kind, module, name, b
     report = _pipeline([control], kind).check()
     assert [f.control for f in report.failures] == [name]
     assert "backend=huggingface" in report.failures[0].message and kind in report.failures[0].message
+
+
+@pytest.mark.parametrize("kind", ENGINES, ids=ENGINE_IDS)
+@pytest.mark.parametrize("name", ["CAA", "ActAdd"])
+def test_layer_vectors_with_a_given_vector_run_inside_the_engine(kind, name):
+    module = f"steer_hydra.controls.state.{name.lower()}"
+    control = _real(module, name, lambda cls: cls(steering_vector=torch.ones(64), layer_id=1))
+    assert _pipeline([SystemPrompt(text="Be brief."), control], kind).check().ok
 
 
 @pytest.mark.parametrize("kind", ENGINES, ids=ENGINE_IDS)

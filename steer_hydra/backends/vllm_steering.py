@@ -1,0 +1,208 @@
+"""State controls lowered to vLLM: residual-stream additions (CAA, ActAdd) carried per request to the engine.
+
+A layer-vector control (one that adds `multiplier * v` to one decoder layer's residual stream: CAA at the layer's
+output from a token-scope start, ActAdd as a positional block at the layer's input) is bound at `steer()` on a
+model skeleton built on the meta device from the checkpoint's config (no weights; the vector must be given, since
+fitting needs hidden states), and lowered per call into `ResidualAddition`s. Each prompt row then carries them in
+`SamplingParams.extra_args` (offline) or `vllm_xargs` (server) under `steer_hydra` (the additions as JSON: layer,
+site, mode, rows) and `steer_hydra_start` (one start position per addition, from the row's prompt length), plus a
+`cache_salt` naming the steering, so steered and unsteered requests never share prefix-cache blocks. The worker
+side (`steer_hydra.backends.vllm_plugin`) maps the flat token batch to requests and adds the rows.
+
+Nothing here imports vLLM: lowering and the wire format are unit-tested on a CPU. Controls are recognised by
+their public surface (`layer`, `vector`, `multiplier`, and `token_scope` for output-site or `alignment` for
+input-site additions); the added tensor is the control's own (`_delta`), so normalisation, strength units and
+sanity directions match the Hugging Face path exactly. PASTA (attention scores) and fitted vectors stay on
+backend=huggingface: `check()` says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import hashlib
+import json
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from steer_hydra.core.capabilities import Capability
+
+logger = logging.getLogger(__name__)
+
+XARGS_KEY = "steer_hydra"  # JSON list of additions
+XARGS_START = "steer_hydra_start"  # one start position per addition
+ENGINE_HOOK_KEY = "engine"  # the HookSet key under which lowered additions travel to `applied()`
+ENV_FLAG = "STEER_HYDRA_VLLM_STEERING"  # "1" switches the worker plugin on in vLLM's processes
+_CURRENT: contextvars.ContextVar[tuple[ResidualAddition, ...]] = contextvars.ContextVar(
+    "steer_hydra_engine_steering", default=()
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ResidualAddition:
+    """One addition to the residual stream of one decoder layer, for every request of a call.
+
+    Attributes:
+        layer: decoder layer index.
+        site: `output` (after the layer: CAA) or `input` (before it: ActAdd).
+        mode: `from` (row 0 at every position >= the start) or `block` (row t at position start + t).
+        rows: `[R, hidden]` float32, the multiplier applied.
+        scope: how the start follows from a prompt's length: `after_prompt`, `all`, `last_k` (with `last_k`) or
+            `position` (with `offset`, counted from the first prompt token).
+        preserve_norm: rescale each steered state back to its norm before the addition.
+    """
+
+    layer: int
+    site: str
+    mode: str
+    rows: torch.Tensor
+    scope: str
+    last_k: int = 0
+    offset: int = 0
+    preserve_norm: bool = False
+
+    def start(self, prompt_length: int) -> int:
+        """The first steered position of a request whose prompt has `prompt_length` tokens."""
+        if self.scope == "after_prompt":
+            return prompt_length
+        if self.scope == "last_k":
+            return max(prompt_length - self.last_k, 0)
+        if self.scope == "all":
+            return 0
+        return self.offset
+
+    def wire(self) -> dict[str, Any]:
+        """The JSON form the worker reads (floats written exactly: float32 values round-trip through float64)."""
+        return {
+            "layer": self.layer,
+            "site": self.site,
+            "mode": self.mode,
+            "preserve_norm": self.preserve_norm,
+            "rows": self.rows.double().tolist(),
+        }
+
+
+def is_lowerable(control: Any) -> bool:
+    """Whether the vLLM backends can run `control` inside the engine (a CAA- or ActAdd-like layer vector)."""
+    surface = ("layer", "vector", "multiplier", "_delta")
+    return all(hasattr(control, name) for name in surface) and (
+        hasattr(control, "token_scope") or hasattr(control, "alignment")
+    )
+
+
+def lowered_requirements(control: Any) -> frozenset[Capability]:
+    """A lowerable control needs no in-process torch; fitting its vector still needs hidden-state capture."""
+    needs = control.requirements()
+    return needs - {Capability.IN_PROCESS_TORCH} if is_lowerable(control) else needs
+
+
+def meta_skeleton(model_path: str, trust_remote_code: bool) -> torch.nn.Module:
+    """The checkpoint's architecture on the meta device (no weights, no memory): a layout for binding controls."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+
+
+def bind(control: Any, skeleton: torch.nn.Module, tokenizer: Any, backend_kind: str, **steer_kwargs: Any) -> None:
+    """Bind a lowerable control (layer, vector, scaling) on the skeleton; a vector to fit is refused, naming why."""
+    name = type(control).__name__
+    if getattr(control, "steering_vector", None) is None:
+        raise ValueError(
+            f"{name} fits its vector from hidden states, which backend={backend_kind} cannot capture. Fix: fit it on "
+            f"backend=huggingface, save it (SteeringVector.save) and pass {name}(steering_vector=PATH), or use "
+            "backend=huggingface."
+        )
+    control.steer(skeleton, tokenizer=tokenizer, backend=backend_kind, **steer_kwargs)
+
+
+def lower(control: Any) -> ResidualAddition | None:
+    """The addition a bound control makes on every request (None when its multiplier is 0)."""
+    if control.layer is None:
+        raise RuntimeError(f"{type(control).__name__} is not bound; steer the pipeline first.")
+    if control.multiplier == 0:
+        return None
+    delta = control._delta(torch.empty(0, dtype=torch.float32)).detach().float().cpu()
+    preserve = bool(getattr(control, "use_norm_preservation", False))
+    if hasattr(control, "token_scope"):
+        rows = delta.reshape(1, -1)
+        scope = control.token_scope
+        return ResidualAddition(
+            control.layer, "output", "from", rows, scope, last_k=int(control.last_k or 0), preserve_norm=preserve
+        )
+    rows = delta if delta.dim() == 2 else delta.reshape(1, -1)
+    return ResidualAddition(
+        control.layer, "input", "block", rows, "position", offset=int(control.alignment), preserve_norm=preserve
+    )
+
+
+def steering_fields(additions: Sequence[ResidualAddition], prompt_length: int) -> dict[str, Any]:
+    """Request fields for one prompt row: `vllm_xargs` (the additions and their starts) and a `cache_salt`."""
+    if not additions:
+        return {}
+    payload = json.dumps([a.wire() for a in additions], separators=(",", ":"))
+    starts = [a.start(prompt_length) for a in additions]
+    salt = hashlib.sha256(payload.encode() + json.dumps(starts).encode()).hexdigest()[:32]
+    return {"vllm_xargs": {XARGS_KEY: payload, XARGS_START: starts}, "cache_salt": f"steer_hydra-{salt}"}
+
+
+def current_additions() -> tuple[ResidualAddition, ...]:
+    """The additions applied to the calls running in this context (set by `applied()`)."""
+    return _CURRENT.get()
+
+
+@contextlib.contextmanager
+def applying(additions: Sequence[ResidualAddition]) -> Iterator[None]:
+    """Make `additions` the current ones for the body (a context variable: concurrent calls do not mix)."""
+    token = _CURRENT.set(tuple(additions))
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)
+
+
+class EngineSteering:
+    """Mixin of the engine backends: lowers layer-vector controls to per-request additions inside vLLM."""
+
+    kind: str
+    model_path: str | None
+    tokenizer: Any
+
+    @classmethod
+    def requirements_of(cls, control: Any) -> frozenset[Capability]:
+        return lowered_requirements(control)
+
+    def steer_control(self, control: Any, tokenizer: Any, **steer_kwargs: Any) -> Any:
+        if not is_lowerable(control):
+            return control.steer(None, tokenizer=tokenizer, backend=self.kind, **steer_kwargs)
+        if self.model_path is None:
+            raise ValueError(f"backend={self.kind} lowers {type(control).__name__} from model_name_or_path=; none.")
+        skeleton = getattr(self, "_skeleton", None)
+        if skeleton is None:
+            skeleton = self._skeleton = meta_skeleton(self.model_path, getattr(self, "_trust_remote_code", False))
+        bind(control, skeleton, tokenizer, self.kind, **steer_kwargs)
+        return None
+
+    def state_hooks(self, control: Any, input_ids: torch.Tensor, runtime_kwargs: Mapping[str, Any], **kwargs: Any):
+        if not is_lowerable(control):
+            return control.get_hooks(input_ids, runtime_kwargs, **kwargs)
+        addition = lower(control)
+        return {ENGINE_HOOK_KEY: [addition]} if addition is not None else {}
+
+    @contextlib.contextmanager
+    def applied(self, hooks: Sequence[Mapping[str, Any]]) -> Iterator[None]:
+        if any(any(h.get(k) for k in ("pre", "forward", "backward", "context")) for h in hooks):
+            raise RuntimeError(f"Backend {self.kind!r} cannot apply in-process hooks; use backend=huggingface.")
+        additions = [a for h in hooks for a in h.get(ENGINE_HOOK_KEY, ())]
+        with applying(additions):
+            yield
+
+    def _steering_fields(self, prompts: Sequence[Sequence[int]]) -> list[dict[str, Any]]:
+        """Per-row steering fields for the additions current in this context (empty dicts when none)."""
+        additions = current_additions()
+        return [steering_fields(additions, len(p)) for p in prompts]

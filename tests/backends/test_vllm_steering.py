@@ -1,0 +1,215 @@
+"""CAA and ActAdd lowered to vLLM: the client-side lowering and the worker plugin's token-to-request mapping (no vLLM).
+
+The plugin's hooks run here on a stand-in model with vLLM's decoder-layer contract (`layer(positions, hidden,
+residual) -> (hidden, residual)`, the stream being their sum) and a stand-in model runner (persistent batch order,
+`query_start_loc`, per-request `extra_args`), so the flat-batch mapping is checked against each request run alone.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+
+import numpy as np
+import pytest
+import torch
+
+from steer_hydra.backends import vllm_plugin
+from steer_hydra.backends.vllm_plugin import add_rows, build_plan, install
+from steer_hydra.backends.vllm_steering import (
+    XARGS_KEY,
+    XARGS_START,
+    ResidualAddition,
+    bind,
+    lower,
+    lowered_requirements,
+    meta_skeleton,
+    steering_fields,
+)
+from steer_hydra.controls.state import CAA, ActAdd
+from steer_hydra.core.capabilities import Capability
+from steer_hydra.models import TINY_REF, resolve_model_reference
+
+HIDDEN = 8
+
+
+# ---------------------------------------------------------------------- lowering (client side)
+@pytest.fixture(scope="module")
+def skeleton():
+    model = meta_skeleton(resolve_model_reference(TINY_REF), trust_remote_code=False)
+    assert next(model.parameters()).device.type == "meta"  # no weights, no memory
+    return model
+
+
+def test_caa_lowers_to_its_own_delta_at_the_layer_output_with_a_start_per_scope(skeleton):
+    vector = torch.linspace(-1, 1, 64)
+    for scope, last_k, starts in (("after_prompt", None, (7, 3)), ("all", None, (0, 0)), ("last_k", 2, (5, 1))):
+        caa = CAA(steering_vector=vector, layer_id=1, multiplier=3.0, token_scope=scope, last_k=last_k)
+        bind(caa, skeleton, None, "vllm")
+        addition = lower(caa)
+        assert (addition.layer, addition.site, addition.mode) == (1, "output", "from")
+        assert torch.allclose(addition.rows[0], 3.0 * vector)
+        assert (addition.start(7), addition.start(3)) == starts
+    normalized = CAA(steering_vector=vector, layer_id=0, multiplier=2.0, normalize_vector=True)
+    bind(normalized, skeleton, None, "vllm")
+    assert lower(normalized).rows.norm().item() == pytest.approx(2.0)
+    silent = CAA(steering_vector=vector, layer_id=0, multiplier=0.0)
+    bind(silent, skeleton, None, "vllm")
+    assert lower(silent) is None
+
+
+def test_actadd_lowers_to_a_positional_block_at_the_layer_input(skeleton):
+    block = torch.randn(3, 64, generator=torch.Generator().manual_seed(0))
+    actadd = ActAdd(steering_vector=block, layer_id=1, multiplier=-2.0, alignment=1, use_norm_preservation=True)
+    bind(actadd, skeleton, None, "vllm")
+    addition = lower(actadd)
+    assert (addition.layer, addition.site, addition.mode, addition.preserve_norm) == (1, "input", "block", True)
+    assert torch.allclose(addition.rows, -2.0 * block)
+    assert addition.start(10) == addition.start(2) == 1  # counted from the first prompt token, whatever its length
+
+
+def test_vectors_to_fit_are_refused_naming_the_fix_and_in_process_torch_is_no_longer_needed(skeleton):
+    fitted = CAA(data=[{"positive": "yes", "negative": "no"}])
+    assert lowered_requirements(fitted) == {Capability.HIDDEN_CAPTURE}
+    assert lowered_requirements(CAA(steering_vector=torch.ones(64))) == frozenset()
+    with pytest.raises(ValueError, match=r"cannot capture.*SteeringVector.save.*steering_vector=PATH"):
+        bind(fitted, skeleton, None, "vllm")
+    with pytest.raises(ValueError, match=r"hidden size|64"):
+        bind(CAA(steering_vector=torch.ones(10), layer_id=0), skeleton, None, "vllm")
+
+
+def test_wire_fields_carry_the_rows_exactly_and_salt_the_cache_per_steering():
+    rows = torch.randn(1, HIDDEN, generator=torch.Generator().manual_seed(1))
+    addition = ResidualAddition(0, "output", "from", rows, "after_prompt")
+    fields = steering_fields([addition], prompt_length=5)
+    xargs = fields["vllm_xargs"]
+    (wire,) = json.loads(xargs[XARGS_KEY])
+    assert torch.equal(torch.tensor(wire["rows"], dtype=torch.float32), rows)  # float32 round-trips exactly
+    assert xargs[XARGS_START] == [5]
+    other = ResidualAddition(0, "output", "from", rows * 2, "after_prompt")
+    assert steering_fields([other], 5)["cache_salt"] != fields["cache_salt"]
+    assert steering_fields([addition], 5)["cache_salt"] == fields["cache_salt"]
+    assert steering_fields([], 5) == {}  # unsteered rows: no xargs, no salt (they share the prefix cache)
+
+
+# ---------------------------------------------------------------------- the worker plugin
+class ToyLayer(torch.nn.Module):
+    """vLLM's decoder-layer contract: the stream is hidden + residual; the output hidden is the block's delta."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(HIDDEN, HIDDEN)
+        with torch.no_grad():
+            self.linear.weight.copy_(torch.randn(HIDDEN, HIDDEN, generator=torch.Generator().manual_seed(seed)))
+
+    def forward(self, positions, hidden_states, residual):
+        residual = hidden_states if residual is None else hidden_states + residual
+        mixed = residual + 0.1 * positions[:, None].float()
+        return torch.tanh(self.linear(mixed)), residual
+
+
+class ToyModel(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(32, HIDDEN)
+        self.layers = torch.nn.ModuleList([ToyLayer(1), ToyLayer(2), ToyLayer(3)])
+
+    def forward(self, input_ids, positions):
+        hidden, residual = self.embed(input_ids), None
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, residual)
+        return hidden + residual
+
+
+def _runner(model, requests):
+    """A stand-in model runner holding `requests` = [(req_id, n_tokens, extra_args)] in persistent-batch order."""
+    bounds = np.cumsum([0] + [n for _, n, _ in requests])
+    states = {rid: types.SimpleNamespace(sampling_params=types.SimpleNamespace(extra_args=x)) for rid, _, x in requests}
+    return types.SimpleNamespace(
+        input_batch=types.SimpleNamespace(num_reqs=len(requests), req_ids=[r for r, _, _ in requests]),
+        query_start_loc=types.SimpleNamespace(np=bounds),
+        requests=states,
+        get_model=lambda: model,
+        model_config=types.SimpleNamespace(hf_text_config=types.SimpleNamespace(num_hidden_layers=3)),
+    )
+
+
+def _xargs(additions, prompt_length):
+    return steering_fields(additions, prompt_length).get("vllm_xargs")
+
+
+@pytest.fixture
+def toy():
+    torch.manual_seed(0)
+    return ToyModel()
+
+
+def _forward(model, runner, chunks):
+    """One engine step over `chunks` = [(token ids, first position)], flattened in batch order."""
+    hooks = install(runner)
+    ids = torch.cat([torch.tensor(t) for t, _ in chunks])
+    positions = torch.cat([torch.arange(p, p + len(t)) for t, p in chunks])
+    with torch.inference_mode():
+        out = model(input_ids=ids, positions=positions)
+    return out, hooks
+
+
+def test_a_mixed_batch_gives_each_request_what_it_gets_alone(toy):
+    caa = ResidualAddition(1, "output", "from", torch.full((1, HIDDEN), 0.5), "after_prompt")
+    actadd = ResidualAddition(0, "input", "block", torch.randn(2, HIDDEN), "position", offset=1, preserve_norm=True)
+    prompts = {"a": [3, 4, 5, 6], "b": [7, 8, 9], "c": [10, 11, 12, 13, 14]}
+    steering = {"a": [caa], "b": [], "c": [caa, actadd]}
+    # one prefill step of every prompt, plus a decode step: prompt "a" at position 4 (after its prompt)
+    prefill = {r: (t, 0) for r, t in prompts.items()}
+    steps = {"prefill": prefill, "decode": {r: ([2], len(t)) for r, t in prompts.items()}}
+    for chunks in steps.values():
+        requests = [(r, len(t), _xargs(steering[r], len(prompts[r]))) for r, (t, _) in chunks.items()]
+        together, hooks = _forward(toy, _runner(toy, requests), list(chunks.values()))
+        bounds = np.cumsum([0] + [len(t) for t, _ in chunks.values()])
+        for i, (rid, chunk) in enumerate(chunks.items()):
+            alone, _ = _forward(toy, _runner(toy, [requests[i]]), [chunk])
+            assert torch.allclose(together[bounds[i] : bounds[i + 1]], alone, atol=1e-6), rid
+    steered_steps = hooks.steps
+    unsteered, _ = _forward(toy, _runner(toy, [("b", 3, None)]), [(prompts["b"], 0)])
+    assert hooks.steps == steered_steps  # a step without steered requests builds no plan
+    steered_prefill, _ = _forward(toy, _runner(toy, [("a", 4, _xargs([caa], 4))]), [(prompts["a"], 0)])
+    plain_prefill, _ = _forward(toy, _runner(toy, [("a", 4, None)]), [(prompts["a"], 0)])
+    assert torch.equal(steered_prefill, plain_prefill)  # after_prompt: no prompt position is touched
+    steered_decode, _ = _forward(toy, _runner(toy, [("a", 1, _xargs([caa], 4))]), [([2], 4)])
+    plain_decode, _ = _forward(toy, _runner(toy, [("a", 1, None)]), [([2], 4)])
+    assert not torch.allclose(steered_decode, plain_decode)  # ...and every generated one is
+    assert unsteered.shape == (3, HIDDEN)
+
+
+def test_output_additions_shift_the_stream_by_the_rows_without_touching_the_inputs():
+    hidden, residual = torch.randn(5, HIDDEN), torch.randn(5, HIDDEN)
+    rows, index = torch.randn(2, HIDDEN), torch.tensor([1, 3])
+    with torch.inference_mode():
+        h, r = hidden.clone(), residual.clone()
+        out = add_rows(h, r, index, rows, preserve=False)
+        kept = add_rows(h, r, index, rows, preserve=True)
+    assert torch.equal(h, hidden) and torch.equal(r, residual)  # out of place
+    stream, steered = hidden + residual, out + residual
+    assert torch.allclose(steered[index], stream[index] + rows, atol=1e-6)
+    assert torch.equal(steered[[0, 2, 4]], stream[[0, 2, 4]])
+    kept_stream = kept + residual
+    assert torch.allclose(kept_stream.norm(dim=-1), stream.norm(dim=-1), atol=1e-5)  # the whole stream's norm
+    assert not torch.allclose(kept_stream[index], stream[index])
+
+
+def test_plan_maps_block_rows_to_positions_and_skips_unsteered_and_padding():
+    block = ResidualAddition(2, "input", "block", torch.arange(3 * HIDDEN).reshape(3, HIDDEN).float(), "position")
+    requests = [(0, 3, None), (3, 7, _xargs([block], 4)), (7, 7, _xargs([block], 2))]
+    positions = torch.tensor([0, 1, 2, 1, 2, 3, 4, 0, 0])  # request 2 is scheduled with no token; 2 pads
+    plan = build_plan(requests, positions, num_layers=3)
+    ((key, (index, rows)),) = plan.items()
+    assert key == (2, "input", False)
+    assert index.tolist() == [3, 4] and torch.equal(rows, block.rows[[1, 2]])  # positions 1, 2 of the block
+    with pytest.raises(ValueError, match="out of range"):
+        build_plan(requests, positions, num_layers=2)
+
+
+def test_the_plugin_is_inert_without_the_env_flag(monkeypatch):
+    monkeypatch.delenv("STEER_HYDRA_VLLM_STEERING", raising=False)
+    monkeypatch.setitem(__import__("sys").modules, "vllm", None)  # would raise if register() imported it
+    assert vllm_plugin.register() is None
