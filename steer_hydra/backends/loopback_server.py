@@ -8,7 +8,9 @@ greedy), `top_p`, `top_k`, `n`, `seed`, `stop`, `stop_token_ids`, `include_stop_
 `repetition_penalty`, `skip_special_tokens` and `return_token_ids`; bad requests get HTTP 400 with an OpenAI
 error body. Faults can be injected for the next requests: `drop_next()` closes the connection after reading
 a request without answering, `fail_next(status, message)` answers an HTTP error, `stall_next(seconds)` answers
-late. `requests` records every request (path, headers, body); `max_in_flight` the peak concurrency.
+late, and `freeze()` makes the server accept and read every request but never answer (a hung server) until
+`thaw()` or `stop()`. `requests` records every request (path, headers, body); `max_in_flight` the peak
+concurrency; `frozen_requests` how many requests a freeze swallowed.
 """
 
 from __future__ import annotations
@@ -64,6 +66,10 @@ class LoopbackCompletionsServer:
         self.max_in_flight = 0
         self._in_flight = 0
         self._faults: list[tuple[str, Any]] = []
+        self._thawed = threading.Event()
+        self._thawed.set()
+        self._frozen_paths: tuple[str, ...] = ()
+        self.frozen_requests = 0
         self._state = threading.Condition()
         self._generate = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
@@ -86,6 +92,7 @@ class LoopbackCompletionsServer:
         return self
 
     def stop(self) -> None:
+        self.thaw()  # frozen handlers return (without answering) so the server can shut down
         server, self._server = self._server, None
         if server is not None:
             server.shutdown()
@@ -116,12 +123,34 @@ class LoopbackCompletionsServer:
         with self._state:
             self._faults.extend([("stall", seconds)] * count)
 
+    def freeze(self, paths: tuple[str, ...] = ("/v1/completions",)) -> None:
+        """From now on requests to `paths` are read and recorded, then held without an answer until `thaw()`."""
+        with self._state:
+            self._frozen_paths = tuple(paths)
+            self._thawed.clear()
+
+    def thaw(self) -> None:
+        """End a freeze: held requests get their connection closed (their clients have usually given up)."""
+        self._thawed.set()
+
+    def _hold_if_frozen(self, handler: BaseHTTPRequestHandler) -> bool:
+        """Hold a request while frozen; True when it was held (its connection is then closed unanswered)."""
+        if self._thawed.is_set() or handler.path not in self._frozen_paths:
+            return False
+        with self._state:
+            self.frozen_requests += 1
+        self._thawed.wait()
+        handler.close_connection = True
+        return True
+
     def reset(self) -> None:
         """Forget recorded requests, pending faults and the concurrency peak."""
+        self.thaw()
         with self._state:
             self.requests.clear()
             self._faults.clear()
             self.max_in_flight = 0
+            self.frozen_requests = 0
 
     def wait_idle(self, timeout: float = 10.0) -> bool:
         """Wait until no completion request is being served (e.g. one a client gave up on); False on timeout."""
@@ -260,7 +289,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         self._record(None)
-        if not self._authorized():
+        if self.owner._hold_if_frozen(self) or not self._authorized():
             return
         if self.path == "/v1/models":
             self._send(200, {"object": "list", "data": [{"id": self.owner.model_name, "object": "model"}]})
@@ -279,7 +308,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(400, f"Request body is not JSON: {error}")
             return
         self._record(body if isinstance(body, dict) else None)
-        if not self._authorized():
+        if self.owner._hold_if_frozen(self) or not self._authorized():
             return
         if self.path != "/v1/completions":
             self._error(404, f"No route {self.path}.")

@@ -6,6 +6,17 @@ flight per backend. Transport errors (connection refused or dropped, timeouts) a
 `max_retries` times with exponential backoff (`retry_backoff * 2**attempt` seconds); HTTP errors are never
 retried and raise `ServerError` carrying the server's own message.
 
+Deadlines bound every wait: one attempt waits at most `request_timeout` seconds, one request (all its attempts
+and backoff) at most `request_deadline`, and every request of the backend's life at most `job_deadline` after
+it connected (null: no job limit). A request that runs out of attempts or time marks the server unavailable:
+every later request fails at once with the same error instead of waiting again, so a frozen server fails
+the job within one request deadline. Each distinct failure is logged once at ERROR with the server's own
+message, so it reaches the console (Inspect's own summary says only that the task failed).
+
+Identity: `base_url` and the connection settings are not part of what is evaluated; `protocol_options()`
+drops them and `identity()` (after connecting) names the served model (its `/v1/models` id) and the server's
+version, which is what a protocol should record, so a restarted server on another port can resume.
+
 Token ids come back exactly through vLLM's `return_token_ids` request extension (recent vLLM answers with
 `choices[i].token_ids`). A server that ignores it (an older vLLM, another OpenAI-compatible server) answers
 text only; then the text (requested with special tokens kept) is re-tokenized with the client tokenizer and
@@ -46,11 +57,25 @@ class ServerError(RuntimeError):
 
 
 class ServerUnavailableError(ConnectionError):
-    """Every attempt of a request failed in transport (connection refused or dropped, timeout)."""
+    """Every attempt of a request failed in transport (connection refused or dropped, timeout), or its deadline
+    passed; later requests of the same backend fail at once with this error."""
 
+
+CONNECTION_OPTIONS = (
+    "base_url",
+    "api_key_env",
+    "request_timeout",
+    "request_deadline",
+    "job_deadline",
+    "max_concurrency",
+    "max_retries",
+    "retry_backoff",
+)
 
 _NUMERIC = (
     ("request_timeout", float, "> 0 seconds", lambda v: v > 0),
+    ("request_deadline", float, "> 0 seconds", lambda v: v > 0),
+    ("job_deadline", float, "> 0 seconds", lambda v: v > 0),
     ("max_concurrency", int, ">= 1", lambda v: v >= 1),
     ("max_retries", int, ">= 0", lambda v: v >= 0),
     ("retry_backoff", float, ">= 0 seconds", lambda v: v >= 0),
@@ -65,7 +90,9 @@ class ServeOptions:
         base_url: the server root, e.g. `http://localhost:8000` (a trailing `/v1` is accepted).
         api_key_env: name of the environment variable holding the API key (unset variable: no auth header).
         model: the served model name; None asks `/v1/models` (the only model, or `model_name_or_path`).
-        request_timeout: seconds per HTTP request (connect, read, write).
+        request_timeout: seconds one attempt may wait (connect, and each read or write).
+        request_deadline: seconds one request may take over all its attempts and backoff.
+        job_deadline: seconds after connecting after which no request may still run (None: no limit).
         max_concurrency: requests in flight at once from this backend.
         max_retries: extra attempts after a transport error (HTTP errors are not retried).
         retry_backoff: seconds before the first retry; doubles for each further one.
@@ -74,7 +101,9 @@ class ServeOptions:
     base_url: str
     api_key_env: str | None = "VLLM_API_KEY"
     model: str | None = None
-    request_timeout: float = 120.0
+    request_timeout: float = 60.0
+    request_deadline: float = 180.0
+    job_deadline: float | None = None
     max_concurrency: int = 8
     max_retries: int = 3
     retry_backoff: float = 0.5
@@ -103,7 +132,7 @@ class ServeOptions:
         values = {k: options[k] for k in names if k in options}
         values["base_url"] = normalize_base_url(base_url)
         for name, kind, rule, ok in _NUMERIC:
-            if name not in values:
+            if name not in values or (name == "job_deadline" and values[name] is None):
                 continue
             raw = values[name]
             try:
@@ -119,6 +148,11 @@ class ServeOptions:
                 raise ValueError(f"backend=vllm_serve options.{name} must be a string or null; got {values[name]!r}.")
         parsed = cls(**values)
         return parsed
+
+
+def protocol_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The options that bear on what is generated: none of the connection settings (`CONNECTION_OPTIONS`)."""
+    return {k: v for k, v in options.items() if k not in CONNECTION_OPTIONS}
 
 
 def normalize_base_url(url: str) -> str:
@@ -190,8 +224,12 @@ class VLLMServeBackend(TokenEngineBackend):
         super().__init__(options)
         self.settings = ServeOptions.from_mapping(self.options)
         self.served_model: str | None = None
+        self.server_version: str | None = None
         self.retries = 0
         self._client: Any = None
+        self._job_deadline: float | None = None  # monotonic time after which no request may run
+        self._unavailable: ServerUnavailableError | None = None
+        self._reported: set[str] = set()
         self._fallback_warned = False
         self._count_lock = threading.Lock()
         self._tokenizer_lock = threading.Lock()  # fast tokenizers are not safe to call from several threads
@@ -208,6 +246,8 @@ class VLLMServeBackend(TokenEngineBackend):
                 headers["Authorization"] = f"Bearer {key}"
             else:
                 logger.debug("%s is not set; requests go without an API key.", settings.api_key_env)
+        self._unavailable, self._reported = None, set()
+        self._job_deadline = time.monotonic() + settings.job_deadline if settings.job_deadline else None
         self._client = httpx.Client(
             base_url=settings.base_url,
             headers=headers,
@@ -222,6 +262,21 @@ class VLLMServeBackend(TokenEngineBackend):
             self._close()
             raise
         logger.info("backend=vllm_serve: %s serving %r", settings.base_url, self.served_model)
+
+    def identity(self) -> dict[str, Any]:
+        """What a protocol records about the server instead of its address: the served model and version.
+
+        `served_model` is the name the server serves (its `/v1/models` id, or the configured `model`);
+        `server_version` is `GET /version` when the server answers it (vLLM does), else None.
+        """
+        if self._client is None:
+            raise RuntimeError("backend=vllm_serve is not connected: call steer() (or load()) first.")
+        if self.server_version is None:
+            try:
+                self.server_version = str(self._request("GET", "/version", attempts=1).get("version")) or None
+            except (ServerError, ServerUnavailableError):
+                self.server_version = None
+        return {"kind": self.kind, "served_model": self.served_model, "server_version": self.server_version}
 
     def _discover_model(self, model_name_or_path: str | None) -> str:
         payload = self._request("GET", "/v1/models")
@@ -240,25 +295,64 @@ class VLLMServeBackend(TokenEngineBackend):
         if client is not None:
             client.close()
 
-    def _request(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """One HTTP request; transport errors retried with backoff, HTTP errors raised at once."""
-        import httpx
-
+    def _request(
+        self, method: str, path: str, body: Mapping[str, Any] | None = None, *, attempts: int | None = None
+    ) -> dict[str, Any]:
+        """One HTTP request within its deadlines; transport errors retried with backoff, HTTP errors at once."""
         if self._client is None:
             raise RuntimeError("backend=vllm_serve is not connected: call steer() (or load()) first.")
+        if self._unavailable is not None:
+            raise ServerUnavailableError(f"{self._unavailable} (an earlier request gave up; not retrying)")
+        if attempts is not None:  # a probe (identity): neither condemns the server nor reports
+            return self._attempts(method, path, body, attempts)
+        try:
+            return self._attempts(method, path, body, self.settings.max_retries + 1)
+        except ServerUnavailableError as error:
+            self._unavailable = error
+            self._report(str(error))
+            raise
+        except ServerError as error:
+            self._report(str(error))
+            raise
+
+    def _report(self, message: str) -> None:
+        """Log a failure once at ERROR (the console shows it even when Inspect only says the task failed)."""
+        with self._count_lock:
+            if message in self._reported:
+                return
+            self._reported.add(message)
+        logger.error("backend=vllm_serve: %s", message)
+
+    def _attempts(self, method: str, path: str, body: Mapping[str, Any] | None, attempts: int) -> dict[str, Any]:
+        import httpx
+
         settings = self.settings
         url = f"{settings.base_url}{path}"
-        for attempt in range(settings.max_retries + 1):
+        deadline = time.monotonic() + settings.request_deadline
+        limit, which = deadline, f"request_deadline={settings.request_deadline:g}s"
+        if self._job_deadline is not None and self._job_deadline < deadline:
+            limit, which = self._job_deadline, f"job_deadline={settings.job_deadline:g}s"
+        attempt = 0
+        while True:
+            left = limit - time.monotonic()
+            if left <= 0:
+                raise ServerUnavailableError(
+                    f"{method} {url} gave up: its {which} passed after {attempt} attempt(s). Fix: check that the "
+                    "server at base_url answers (a stuck server needs a restart), or raise "
+                    f"backend.options.{which.partition('=')[0]}."
+                )
+            timeout = min(settings.request_timeout, left)
             try:
-                response = self._client.request(method, path, json=body)
+                response = self._client.request(method, path, json=body, timeout=httpx.Timeout(timeout))
             except httpx.TransportError as error:
-                if attempt == settings.max_retries:
+                attempt += 1
+                if attempt >= attempts:
                     raise ServerUnavailableError(
-                        f"{method} {url} failed in transport {attempt + 1} time(s) (last: {type(error).__name__}: "
-                        f"{error}). Fix: check that the server is up at base_url, or raise request_timeout / "
-                        "max_retries."
+                        f"{method} {url} failed in transport {attempt} time(s) (last: {type(error).__name__}: "
+                        f"{error or 'no answer'} within {timeout:.3g}s). Fix: check that the server is up at "
+                        "base_url, or raise request_timeout / max_retries."
                     ) from error
-                delay = settings.retry_backoff * 2**attempt
+                delay = min(settings.retry_backoff * 2 ** (attempt - 1), max(0.0, limit - time.monotonic()))
                 with self._count_lock:
                     self.retries += 1
                 logger.warning(
@@ -267,8 +361,8 @@ class VLLMServeBackend(TokenEngineBackend):
                     url,
                     type(error).__name__,
                     error,
-                    attempt + 1,
-                    settings.max_retries,
+                    attempt,
+                    attempts - 1,
                     delay,
                 )
                 time.sleep(delay)
@@ -282,7 +376,6 @@ class VLLMServeBackend(TokenEngineBackend):
             if not isinstance(payload, dict):
                 raise ServerError(response.status_code, f"expected a JSON object; got {payload!r}", url)
             return payload
-        raise AssertionError("unreachable")
 
     # ------------------------------------------------------------------ completions
     def _complete(self, prompts: Sequence[list[int]], fields: Sequence[dict[str, Any]]) -> list[list[list[int]]]:

@@ -364,7 +364,8 @@ def test_bad_options_are_refused_naming_the_field(options: Mapping[str, Any], me
 def test_options_defaults_and_base_url_normalization():
     parsed = ServeOptions.from_mapping({"base_url": "http://host:8000/v1/", "max_retries": "5"})
     assert parsed == ServeOptions(base_url="http://host:8000", max_retries=5)
-    assert (parsed.api_key_env, parsed.request_timeout, parsed.max_concurrency) == ("VLLM_API_KEY", 120.0, 8)
+    assert (parsed.api_key_env, parsed.request_timeout, parsed.max_concurrency) == ("VLLM_API_KEY", 60.0, 8)
+    assert (parsed.request_deadline, parsed.job_deadline) == (180.0, None)
     assert parsed.retry_backoff == 0.5 and parsed.model is None
 
 

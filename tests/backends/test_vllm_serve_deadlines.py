@@ -1,0 +1,131 @@
+"""backend=vllm_serve under a frozen server: bounded waits per request and per job, one clear error, identity."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+
+from steer_hydra.backends.loopback_server import LoopbackCompletionsServer
+from steer_hydra.backends.vllm_serve import ServerError, ServerUnavailableError, protocol_options
+from steer_hydra.core import BackendSpec, SteeringPipeline
+from steer_hydra.models import build_tiny_model
+
+CHAT = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def served():
+    model, tokenizer = build_tiny_model()
+    reference = SteeringPipeline(model=model, tokenizer=tokenizer, device="cpu").steer()
+    with LoopbackCompletionsServer(reference, model_name="tiny") as server:
+        yield server
+    reference.release()
+
+
+@pytest.fixture
+def server(served):
+    served.reset()
+    yield served
+    served.reset()  # thaws a freeze
+    assert served.wait_idle()
+
+
+@pytest.fixture
+def client(server):
+    made = []
+
+    def factory(**options):
+        _, tokenizer = build_tiny_model()
+        spec = BackendSpec("vllm_serve", {"base_url": server.base_url, "retry_backoff": 0.05, **options})
+        pipeline = SteeringPipeline(tokenizer=tokenizer, backend=spec).steer()
+        made.append(pipeline)
+        return pipeline
+
+    yield factory
+    for pipeline in made:
+        pipeline.release()
+
+
+def test_a_frozen_server_fails_a_request_within_its_deadline_then_every_request_at_once(client, server, caplog):
+    pipeline = client(request_timeout=0.4, request_deadline=1.0, max_retries=50)
+    server.freeze()
+    began = time.monotonic()
+    with caplog.at_level(logging.ERROR, logger="steer_hydra.backends.vllm_serve"):
+        with pytest.raises(ServerUnavailableError, match=r"gave up: its request_deadline=1s passed after \d attempt"):
+            pipeline.generate(messages=CHAT, max_new_tokens=3)
+        first = time.monotonic() - began
+        assert 0.9 < first < 2.0, f"the first request took {first:.2f}s"
+        again = time.monotonic()
+        with pytest.raises(ServerUnavailableError, match="an earlier request gave up; not retrying"):
+            pipeline.generate(messages=CHAT, max_new_tokens=3)
+        assert time.monotonic() - again < 0.2
+    assert 2 <= server.frozen_requests <= 3  # 0.4 s attempts in a 1 s deadline, none after giving up
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "request_deadline=1s" in errors[0] and server.base_url in errors[0]
+
+
+def test_the_job_deadline_bounds_every_request_after_connecting(client, server):
+    pipeline = client(request_timeout=5, request_deadline=60, job_deadline=1.0)
+    assert isinstance(pipeline.generate(messages=CHAT, max_new_tokens=2), str)  # answered within the deadline
+    server.freeze()
+    began = time.monotonic()
+    with pytest.raises(ServerUnavailableError, match=r"its job_deadline=1s passed.*backend.options.job_deadline"):
+        pipeline.generate(messages=CHAT, max_new_tokens=2)
+    assert time.monotonic() - began < 1.5
+
+
+def test_the_servers_error_text_reaches_the_console_once(client, server, caplog):
+    pipeline = client()
+    server.fail_next(500, "CUDA out of memory. Tried to allocate 2.00 GiB", count=2)
+    with caplog.at_level(logging.ERROR, logger="steer_hydra.backends.vllm_serve"):
+        for _ in range(2):
+            with pytest.raises(ServerError, match="HTTP 500: CUDA out of memory"):
+                pipeline.generate(messages=CHAT, max_new_tokens=2)
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert errors == [
+        f"backend=vllm_serve: Server at {server.base_url}/v1/completions answered HTTP 500: "
+        "CUDA out of memory. Tried to allocate 2.00 GiB"
+    ]
+    assert isinstance(pipeline.generate(messages=CHAT, max_new_tokens=2), str)  # HTTP errors condemn nothing
+
+
+def test_identity_names_the_served_model_not_the_address(client, server):
+    backend = client()._backend
+    assert backend.identity() == {"kind": "vllm-serve", "served_model": "tiny", "server_version": "loopback"}
+    options = {"base_url": "http://h:1", "api_key_env": "K", "model": "m", "request_timeout": 3, "job_deadline": 9}
+    assert protocol_options(options) == {"model": "m"}
+
+
+@pytest.mark.slow
+def test_a_frozen_server_fails_the_whole_job_within_the_deadline(served, caplog):
+    from steer_hydra.evaluation import SteeringEval
+    from steer_hydra.evaluation.suite import smoke_suite
+
+    options = {"base_url": served.base_url, "request_timeout": 0.5, "request_deadline": 1.5, "retry_backoff": 0.05}
+    served.reset()
+    served.freeze()
+    run = SteeringEval(
+        {"baseline": []},
+        "steer_hydra:tiny",
+        [smoke_suite(limit=2, max_tokens=4)],
+        backend=BackendSpec("vllm_serve", options),
+        generate_defaults={"temperature": 0},
+        seed=0,
+        progress=False,
+    )
+    began = time.monotonic()
+    try:
+        with (
+            caplog.at_level(logging.ERROR, logger="steer_hydra.backends.vllm_serve"),
+            pytest.raises(Exception, match="eval_set failed|request_deadline"),
+        ):
+            run.run()
+        elapsed, held = time.monotonic() - began, served.frozen_requests
+    finally:
+        served.reset()
+    print(f"frozen server: job failed after {elapsed:.1f}s, {held} request(s) held")
+    assert elapsed < 1.5 + 30, f"the job took {elapsed:.0f}s to fail"
+    assert 1 <= held <= 8 * 3  # one wave per attempt of the first requests; the rest fail at once
+    assert any("request_deadline=1.5s" in r.getMessage() for r in caplog.records)
