@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from steer_hydra.backends.engine import TokenEngineBackend
-from steer_hydra.backends.vllm_steering import ENV_FLAG
+from steer_hydra.backends.vllm_steering import ENV_FLAG, is_lowerable
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +79,16 @@ class VLLMBackend(TokenEngineBackend):
                 os.environ.pop(ENV_FLAG, None)
             else:
                 os.environ[ENV_FLAG] = previous
+
+    def steer_control(self, control: Any, tokenizer: Any, **steer_kwargs: Any) -> Any:
+        eager = self.options.get("enforce_eager")
+        if is_lowerable(control) and eager is not True:
+            raise ValueError(
+                f"{type(control).__name__} runs inside the vLLM engine through module hooks, which a torch.compile'd "
+                f"model does not run faithfully; backend.options.enforce_eager is {eager!r}. "
+                "Fix: set backend.options.enforce_eager=true."
+            )
+        return super().steer_control(control, tokenizer, **steer_kwargs)
 
     def _complete(self, prompts: Sequence[list[int]], fields: Sequence[dict[str, Any]]) -> list[list[list[int]]]:
         if self.engine is None:

@@ -37,6 +37,7 @@ XARGS_KEY = "steer_hydra"  # JSON list of additions
 XARGS_START = "steer_hydra_start"  # one start position per addition
 ENGINE_HOOK_KEY = "engine"  # the HookSet key under which lowered additions travel to `applied()`
 ENV_FLAG = "STEER_HYDRA_VLLM_STEERING"  # "1" switches the worker plugin on in vLLM's processes
+PROBE_SCALE = 1000.0  # per-dimension scale of the additions that check the engine really steers
 _CURRENT: contextvars.ContextVar[tuple[ResidualAddition, ...]] = contextvars.ContextVar(
     "steer_hydra_engine_steering", default=()
 )
@@ -205,4 +206,27 @@ class EngineSteering:
     def _steering_fields(self, prompts: Sequence[Sequence[int]]) -> list[dict[str, Any]]:
         """Per-row steering fields for the additions current in this context (empty dicts when none)."""
         additions = current_additions()
+        if additions and prompts and not getattr(self, "_steering_verified", False):
+            self._verify_steering(list(prompts[0]), int(additions[0].rows.shape[-1]))
         return [steering_fields(additions, len(p)) for p in prompts]
+
+    def _verify_steering(self, prompt: list[int], hidden_size: int) -> None:
+        """Once per backend: two large random additions must change a greedy decode, else the engine ignores them.
+
+        An engine without the worker plugin (steer_hydra not installed where the server runs, the env flag unset,
+        or a compiled model) would otherwise return unsteered text for steered arms, silently.
+        """
+        base = {"max_tokens": 4, "n": 1, "temperature": 0.0, "include_stop_str_in_output": True}
+        fields = [dict(base)]
+        for seed in (1, 2):
+            rows = torch.randn(1, hidden_size, generator=torch.Generator().manual_seed(seed)) * PROBE_SCALE
+            probe = ResidualAddition(0, "output", "from", rows, "all")
+            fields.append(base | steering_fields([probe], len(prompt)))
+        plain, *probed = self._complete([prompt] * len(fields), fields)
+        if all(p == plain for p in probed):
+            raise RuntimeError(
+                f"backend={self.kind}: the engine ignored steering (a probe addition of norm ~{PROBE_SCALE:g}*sqrt(d) "
+                f"left a greedy decode unchanged). Fix: install steer_hydra in the engine's environment and start it "
+                f"with {ENV_FLAG}=1 and eager mode (e.g. `{ENV_FLAG}=1 vllm serve MODEL --enforce-eager`)."
+            )
+        self._steering_verified = True

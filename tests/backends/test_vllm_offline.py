@@ -143,12 +143,16 @@ def test_generate_before_load_says_how_to_start():
 def test_lowered_caa_travels_as_extra_args_and_a_cache_salt_on_steered_rows_only(fake_vllm):
     vector = torch.arange(64, dtype=torch.float32) / 64
     caa = CAA(steering_vector=vector, layer_id=1, multiplier=2.0, token_scope="last_k", last_k=2)
-    pipeline = SteeringPipeline(TINY_REF, controls=[caa], backend="vllm").steer()
+    with pytest.raises(ValueError, match=r"enforce_eager is None.*Fix: set backend.options.enforce_eager=true"):
+        SteeringPipeline(TINY_REF, controls=[caa], backend="vllm").steer()
+    spec = BackendSpec("vllm", {"enforce_eager": True})
+    pipeline = SteeringPipeline(TINY_REF, controls=[caa], backend=spec).steer()
     assert caa.layer == 1
     pad = pipeline.tokenizer.pad_token_id
     ids = torch.tensor([[pad, pad, 1, 50, 60], [1, 70, 80, 90, 95]])
     pipeline.generate(input_ids=ids, attention_mask=(ids != pad).long(), max_new_tokens=3)
-    ((requests, sampling, _),) = pipeline._backend.engine.calls
+    (probe, _, _), (requests, sampling, _) = pipeline._backend.engine.calls  # the probe checks steering works
+    assert [r["prompt_token_ids"] for r in probe] == [[1, 50, 60]] * 3 and "cache_salt" not in probe[0]
     payloads = [json.loads(s.kwargs["extra_args"][XARGS_KEY]) for s in sampling]
     assert payloads[0] == payloads[1] and payloads[0][0]["layer"] == 1 and payloads[0][0]["site"] == "output"
     assert torch.allclose(torch.tensor(payloads[0][0]["rows"][0]), 2.0 * vector)
@@ -163,3 +167,18 @@ def test_lowered_caa_travels_as_extra_args_and_a_cache_salt_on_steered_rows_only
     ((requests, sampling, _),) = plain._backend.engine.calls
     assert "extra_args" not in sampling[0].kwargs and "cache_salt" not in requests[0]
     plain.release()
+
+
+def test_an_engine_that_ignores_steering_is_caught_before_any_steered_row(fake_vllm, monkeypatch):
+    def same_for_all(self, requests, sampling_params, use_tqdm=True):
+        self.calls.append((requests, sampling_params, use_tqdm))
+        out = types.SimpleNamespace(outputs=[types.SimpleNamespace(index=0, token_ids=(5, 6))])
+        return [out for _ in requests]
+
+    monkeypatch.setattr(_LLM, "generate", same_for_all)
+    caa = CAA(steering_vector=torch.ones(64), layer_id=0)
+    pipeline = SteeringPipeline(TINY_REF, controls=[caa], backend=BackendSpec("vllm", {"enforce_eager": True})).steer()
+    with pytest.raises(RuntimeError, match=r"ignored steering.*STEER_HYDRA_VLLM_STEERING=1.*--enforce-eager"):
+        pipeline.generate(input_ids=[[1, 50, 60]], max_new_tokens=3)
+    assert len(pipeline._backend.engine.calls) == 1  # only the probe ran
+    pipeline.release()

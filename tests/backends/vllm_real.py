@@ -1,0 +1,74 @@
+"""Shared pieces of the real-engine tests (test_vllm_engine.py, test_vllm_serve_engine.py): model, prompts, vectors.
+
+The tiny model here has head dim 64 (vLLM's CPU attention kernels want a supported head size; the default tiny
+model's is 16). Everything runs in float32 so vLLM and Hugging Face should agree token for token; agreement is
+asserted at >= 90% of rows and the figure is printed (`-s`) and recorded in the junit report.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+from steer_hydra.controls.state import CAA, ActAdd
+from steer_hydra.core import SteeringPipeline
+from steer_hydra.core.output import strip_trailing
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on a CPU engine
+TINY64 = "steer_hydra:tiny?hidden_size=256&num_attention_heads=4&head_dim=64&intermediate_size=512"
+HIDDEN = 256
+ENGINE_OPTIONS = {"dtype": "float32", "enforce_eager": True, "max_model_len": 512, "seed": 0, "max_num_seqs": 16}
+TEXTS = [
+    "What is the capital of France?",
+    "Count to five.",
+    "Hello",
+    "Name a red fruit.",
+    "Write one short sentence about the sea.",
+    "What is two plus two?",
+    "Say yes or no.",
+    "List three colors.",
+]
+CHATS = [[{"role": "user", "content": t}] for t in TEXTS]
+MIN_AGREEMENT = 0.9
+
+
+def steering_controls() -> list:
+    """A CAA (layer 1 output, after the prompt) and an ActAdd block (layer 1 input, from position 1), both given."""
+    generator = torch.Generator().manual_seed(0)
+    vector, block = torch.randn(HIDDEN, generator=generator), torch.randn(3, HIDDEN, generator=generator)
+    return [
+        CAA(steering_vector=vector, layer_id=1, multiplier=8.0),
+        ActAdd(steering_vector=block, layer_id=1, multiplier=8.0, alignment=1),
+    ]
+
+
+def rows(pipeline: SteeringPipeline, outputs: Iterable[Any]) -> list[list[int]]:
+    """Each output row's ids without trailing pads."""
+    pad = pipeline.tokenizer.pad_token_id
+    return [strip_trailing(row, pad)[0] for o in outputs for row in o.output_ids.tolist()]
+
+
+def generate(pipeline: SteeringPipeline, active: Sequence[str] = (), **kwargs: Any) -> list[Any]:
+    """Generate `CHATS` with only the named state controls enabled (the others stay bound but off)."""
+    for control in pipeline.state_controls:
+        control.enabled = type(control).__name__ in active
+    kwargs.setdefault("max_new_tokens", 16)
+    return pipeline.generate(messages=CHATS, return_output=True, **kwargs)
+
+
+def agreement(name: str, expected: list[list[int]], served: list[list[int]], record: Any = None) -> float:
+    """Fraction of rows identical token for token; prints the figure and the first differing position of others."""
+    same = [a == b for a, b in zip(expected, served, strict=True)]
+    fraction = sum(same) / len(same)
+    notes = []
+    for i, (a, b) in enumerate(zip(expected, served, strict=True)):
+        if a != b:
+            first = next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+            notes.append(f"row {i} differs from token {first}")
+    print(f"[vllm agreement] {name}: {sum(same)}/{len(same)} rows token-identical ({fraction:.0%}) {notes}")
+    if record is not None:
+        record(f"agreement_{name}", f"{sum(same)}/{len(same)}")
+    return fraction
