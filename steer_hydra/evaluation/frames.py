@@ -2,12 +2,15 @@
 
 - `results_frame(results)`: one row per (config, trial, suite, task, metric key) of a run's records;
 - `runs_frame`: one row per (configuration, trial) with chosen metrics as columns;
-- `samples_frame`: one row per sample, scores joined to sample metadata (read from the `.eval` logs);
+- `cells_frame(results)`: one row per (config, trial, suite, task) with its log, metrics or not;
+- `samples_frame`: one row per sample, scores joined to sample metadata, read from the `.eval` logs of the cells
+  (so a run without metrics, e.g. `score=False`, still gives its samples);
 - `summarize_runs`: mean/std/sem over trials;
 - `paired_deltas`: per-sample paired differences of each arm against the baseline on identical samples, with a
   seeded paired-bootstrap confidence interval;
-- `results_from_logs`: the results frame rebuilt from a `save_dir` alone (the `success` log per task wins;
-  superseded partial logs of an interrupted run are ignored).
+- `results_from_logs` / `cells_from_logs`: the results and cells frames rebuilt from a `save_dir` alone, for all
+  configurations or the given `config_ids` (the `success` log per task wins; superseded partial logs of an
+  interrupted run are ignored).
 
 Inspect is imported lazily (only when logs are read), so frames built from records need no Inspect.
 """
@@ -29,6 +32,7 @@ import pandas as pd
 logger = logging.getLogger(__name__)
 
 RESULT_COLUMNS = ("config", "config_id", "trial", "seed", "suite", "task", "scorer", "metric", "value", "n", "log")
+CELL_COLUMNS = ("config", "config_id", "trial", "seed", "suite", "task", "log")
 RUN_ID_COLUMNS = ("pipeline", "config_id", "trial_id", "seed")
 SAMPLE_ID_COLUMNS = ("pipeline", "config_id", "trial_id", "seed", "suite", "task", "sample_id")
 SCORE_LETTERS = frozenset({"C", "I", "P", "N"})
@@ -66,6 +70,21 @@ def results_frame(results: Mapping[str, Sequence[Mapping[str, Any]]]) -> pd.Data
                             )
                         )
     return pd.DataFrame(rows, columns=list(RESULT_COLUMNS))
+
+
+def cells_frame(results: Mapping[str, Sequence[Mapping[str, Any]]]) -> pd.DataFrame:
+    """One row per (config, trial, suite, task) of `{name: [record, ...]}` with its log; columns `CELL_COLUMNS`.
+
+    Unlike the results frame, a task that reported no metrics (run with `score=False`) still has its row.
+    """
+    rows = [
+        (config, record["config_id"], record["trial_id"], record.get("seed"), suite, task, result.get("log"))
+        for config, records in results.items()
+        for record in records
+        for suite, tasks in (record.get("suites") or {}).items()
+        for task, result in tasks.items()
+    ]
+    return pd.DataFrame(rows, columns=list(CELL_COLUMNS))
 
 
 def _select(frame: pd.DataFrame, suite: str | None, task: str | None) -> pd.DataFrame:
@@ -263,26 +282,29 @@ def samples_frame(
     results: pd.DataFrame,
     log_root: str | Path | None,
     *,
-    scores: Sequence[str] | str,
+    scores: Sequence[str] | str | None,
     metadata_keys: Sequence[str] = (),
     suite: str | None = None,
     task: str | None = None,
     include_text: bool = False,
 ) -> pd.DataFrame:
-    """One row per sample of the selected (suite, task), for every configuration and trial.
+    """One row per sample of the selected (suite, task), for every configuration and trial, read from the logs.
 
-    Columns: `pipeline, config_id, trial_id, seed, suite, task, sample_id`, then `metadata_keys` (None when a
-    sample lacks one), then the score columns (`"scorer"` or `"scorer/dictkey"`), then `input` and `completion`
-    with `include_text=True`. Relative log locations resolve under `log_root`.
+    `results` is a results frame or a cells frame (`cells_frame`, `cells_from_logs`): only its cells and their log
+    locations are used. Columns: `pipeline, config_id, trial_id, seed, suite, task, sample_id`, then
+    `metadata_keys` (None when a sample lacks one), then the score columns (`"scorer"` or `"scorer/dictkey"`;
+    `scores=None` takes every scorer the samples hold, in first-seen order, and none for an unscored run), then
+    `input` and `completion` with `include_text=True`. A sample that failed (its `error` is set) has None scores.
+    Relative log locations resolve under `log_root`.
     """
-    scores = [scores] if isinstance(scores, str) else list(scores)
-    if not scores:
-        raise ValueError("samples_frame needs at least one score key, e.g. scores=['includes'].")
+    if scores is not None:
+        scores = [scores] if isinstance(scores, str) else list(scores)
+        if not scores:
+            raise ValueError("samples_frame needs at least one score key, e.g. scores=['includes'] (or scores=None).")
     selected = _select(results, suite, task)
-    cells = selected[["config", "config_id", "trial", "seed", "suite", "task", "log"]].drop_duplicates(
-        ["config", "config_id", "trial", "suite", "task"]
-    )
+    cells = selected[list(CELL_COLUMNS)].drop_duplicates(["config", "config_id", "trial", "suite", "task"])
     rows = []
+    found: dict[str, None] = {}
     for cell in cells.itertuples(index=False):
         path = resolve_log_path(cell.log, log_root)
         log = _read_eval_log(path)
@@ -299,18 +321,29 @@ def samples_frame(
             }
             for key in metadata_keys:
                 row[key] = metadata.get(key)
-            for key in scores:
-                row[key] = _sample_score(sample, key, path)
+            for key in scores if scores is not None else list(getattr(sample, "scores", None) or {}):
+                found.setdefault(key)
+                row[key] = _sample_score_or_none(sample, key, path)
             if include_text:
                 output = getattr(sample, "output", None)
                 row["input"] = _input_text(sample.input)
                 row["completion"] = getattr(output, "completion", None)
             rows.append(row)
-    columns = [*SAMPLE_ID_COLUMNS, *metadata_keys, *scores] + (["input", "completion"] if include_text else [])
+    score_columns = scores if scores is not None else list(found)
+    columns = [*SAMPLE_ID_COLUMNS, *metadata_keys, *score_columns] + (["input", "completion"] if include_text else [])
     data = {c: pd.Series([row[c] for row in rows]) for c in SAMPLE_ID_COLUMNS}
-    data.update({c: _column_values([row[c] for row in rows]) for c in columns[len(SAMPLE_ID_COLUMNS) :]})
+    data.update({c: _column_values([row.get(c) for row in rows]) for c in columns[len(SAMPLE_ID_COLUMNS) :]})
     frame = pd.DataFrame(data, columns=columns)
     return _sort_samples(frame, ["pipeline", "config_id", "trial_id", "sample_id"])
+
+
+def _sample_score_or_none(sample: Any, key: str, log: str) -> Any:
+    """`_sample_score`, with None where a failed sample has no score for `key`."""
+    if getattr(sample, "error", None) is not None and key.partition("/")[0] not in (
+        getattr(sample, "scores", None) or {}
+    ):
+        return None
+    return _sample_score(sample, key, log)
 
 
 # ---------------------------------------------------------------------------------------------- paired deltas
@@ -495,20 +528,18 @@ def _success_logs(log_dir: Path) -> dict[str, tuple[str, Any]]:
     return chosen
 
 
-def results_from_logs(
-    save_dir: str | Path, names: Mapping[str, str] | None = None, *, seeds: Mapping[tuple[str, int], Any] | None = None
-) -> pd.DataFrame:
-    """The results frame rebuilt from `save_dir/inspect_logs/<config_id>/trial_<t>/<suite>/` alone.
-
-    Per (config, trial, suite) cell and task, the newest log with status `success` is read; partial logs left
-    by an interrupted run (status `started`) and superseded logs are ignored. `names` maps config_id to the
-    pipeline name (default: the config_id); `seeds` maps (config_id, trial) to the trial seed (default None).
-    Log locations are relative to `save_dir`.
-    """
-    save_dir = Path(save_dir)
+def _records_from_logs(
+    save_dir: Path,
+    names: Mapping[str, str] | None,
+    seeds: Mapping[tuple[str, int], Any] | None,
+    config_ids: Iterable[str] | None,
+) -> dict[str, list[dict[str, Any]]]:
     root = save_dir / "inspect_logs"
+    wanted = None if config_ids is None else set(config_ids)
     records: dict[str, list[dict[str, Any]]] = {}
     for config_dir in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
+        if wanted is not None and config_dir.name not in wanted:
+            continue
         for trial_dir in sorted(p for p in config_dir.iterdir() if p.is_dir() and p.name.startswith("trial_")):
             trial = int(trial_dir.name.removeprefix("trial_"))
             suites: dict[str, dict[str, Any]] = {}
@@ -529,7 +560,36 @@ def results_from_logs(
                         "suites": suites,
                     }
                 )
-    return results_frame(records)
+    return records
+
+
+def results_from_logs(
+    save_dir: str | Path,
+    names: Mapping[str, str] | None = None,
+    *,
+    seeds: Mapping[tuple[str, int], Any] | None = None,
+    config_ids: Iterable[str] | None = None,
+) -> pd.DataFrame:
+    """The results frame rebuilt from `save_dir/inspect_logs/<config_id>/trial_<t>/<suite>/` alone.
+
+    Per (config, trial, suite) cell and task, the newest log with status `success` is read; partial logs left
+    by an interrupted run (status `started`) and superseded logs are ignored. `names` maps config_id to the
+    pipeline name (default: the config_id); `seeds` maps (config_id, trial) to the trial seed (default None);
+    `config_ids` keeps only those configurations (default: every one in the save_dir). Log locations are
+    relative to `save_dir`.
+    """
+    return results_frame(_records_from_logs(Path(save_dir), names, seeds, config_ids))
+
+
+def cells_from_logs(
+    save_dir: str | Path,
+    names: Mapping[str, str] | None = None,
+    *,
+    seeds: Mapping[tuple[str, int], Any] | None = None,
+    config_ids: Iterable[str] | None = None,
+) -> pd.DataFrame:
+    """The cells frame (`cells_frame`) rebuilt from a save_dir's logs, with the arguments of `results_from_logs`."""
+    return cells_frame(_records_from_logs(Path(save_dir), names, seeds, config_ids))
 
 
 def _flatten_header(header: Any, location: str, save_dir: Path) -> dict[str, Any]:

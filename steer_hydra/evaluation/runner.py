@@ -9,17 +9,23 @@ Invariants:
   `save_dir/inspect_logs/<config_id>/trial_<t>/<suite>/`; the `.eval` logs there are the record of the run and
   the only checkpoint: re-running into the same `save_dir` completes only missing samples (a changed protocol
   needs a new `save_dir`);
+- a finished cell leaves a small index `save_dir/cells/<config_id>/trial_<t>/<suite>.json` (its task results,
+  log locations and a key of everything that produced it); a configuration whose cells are all indexed under
+  the same key, with their logs present, is reused without loading a model (provenance `reused: True`);
 - Inspect is not imported here at module level: frames read the logs lazily.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.metadata
+import json
 import logging
+import os
 import tempfile
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -28,11 +34,12 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from steer_hydra.core.controls import declared_scopes
-from steer_hydra.core.identity import derive_trial_seed, model_fingerprint
+from steer_hydra.core.identity import canonical_json, derive_trial_seed, model_fingerprint
 from steer_hydra.core.rendering import has_chat_template
 from steer_hydra.core.sweeps import PipelineFactory, expand_configurations, preflight
 from steer_hydra.evaluation.frames import (
     attach_params,
+    cells_frame,
     paired_deltas,
     results_frame,
     runs_frame,
@@ -78,6 +85,9 @@ class SteeringEval:
             directory (not resumable).
         progress: draw a tqdm bar over the cells.
         display: Inspect's display inside each cell ("none", "plain", ...).
+        before_cell: called as `before_cell(config_id, trial_id, suite_name)` once the configuration's pipeline is
+            built and steered, right before each cell is evaluated (not for reused cells); the Hydra job claims
+            its save_dir protocol here, so a run that fails earlier claims nothing.
     """
 
     def __init__(
@@ -99,6 +109,7 @@ class SteeringEval:
         save_dir: str | Path | None = None,
         progress: bool = True,
         display: str = "none",
+        before_cell: Callable[[str, int, str], None] | None = None,
     ) -> None:
         if not isinstance(pipelines, Mapping):
             raise TypeError(
@@ -134,6 +145,7 @@ class SteeringEval:
         self.save_dir = save_dir
         self.progress = progress
         self.display = display
+        self.before_cell = before_cell
         self._results: dict[str, list[dict[str, Any]]] | None = None
         self._log_root: Path | None = None
         self._params_by_config: dict[str, Mapping[str, Mapping[str, Any]]] = {}
@@ -201,11 +213,24 @@ class SteeringEval:
         try:
             for report in active:
                 point = report.point
+                reused = self._reused_records(point, root)
+                if reused is not None:
+                    logger.info(
+                        "Reusing %s [%s]: all %d cell(s) are complete in %s; no model loaded.",
+                        point.pipeline_name,
+                        point.config_id,
+                        len(reused) * len(self.suites),
+                        root,
+                    )
+                    results[point.pipeline_name].extend(reused)
+                    cell += len(reused) * len(self.suites)
+                    bar.update(len(reused) * len(self.suites))
+                    continue
                 controls = point.controls_factory()
                 with factory.steered(controls) as pipeline:
                     static = self._static_provenance(pipeline, factory, controls)
                     for trial in range(self.num_trials):
-                        seed_t = derive_trial_seed(self.seed, point.config_id, trial) if self.seed is not None else None
+                        seed_t = self._trial_seed(point.config_id, trial)
                         suites_out: dict[str, dict[str, Any]] = {}
                         for suite in self.suites:
                             cell += 1
@@ -219,6 +244,8 @@ class SteeringEval:
                                 trial,
                                 suite.name,
                             )
+                            if self.before_cell is not None:
+                                self.before_cell(point.config_id, trial, suite.name)
                             with _root_log_level_kept():
                                 out = suite.run(
                                     pipeline,
@@ -233,27 +260,89 @@ class SteeringEval:
                                 task: {**result, "log": _relative_to_root(result.get("log"), log_dir, root)}
                                 for task, result in out.items()
                             }
+                            self._index_cell(root, point.config_id, trial, suite, suites_out[suite.name], static)
                             bar.update(1)
-                        results[point.pipeline_name].append(
-                            {
-                                "trial_id": trial,
-                                "seed": seed_t,
-                                "config_id": point.config_id,
-                                "params": {spec: dict(kwargs) for spec, kwargs in point.params.items()},
-                                "suites": suites_out,
-                                "provenance": {
-                                    **static,
-                                    "base_seed": self.seed,
-                                    "trial_seed": seed_t,
-                                    "recorded_utc": datetime.now(UTC).isoformat(),
-                                },
-                            }
-                        )
+                        results[point.pipeline_name].append(self._record(point, trial, suites_out, static))
         finally:
             bar.close()
             factory.release()
         self._results = results
         return results
+
+    def _trial_seed(self, config_id: str, trial: int) -> int | None:
+        return derive_trial_seed(self.seed, config_id, trial) if self.seed is not None else None
+
+    def _record(
+        self, point: Any, trial: int, suites_out: dict[str, Any], static: Mapping[str, Any], *, reused: bool = False
+    ) -> dict[str, Any]:
+        seed_t = self._trial_seed(point.config_id, trial)
+        return {
+            "trial_id": trial,
+            "seed": seed_t,
+            "config_id": point.config_id,
+            "params": {spec: dict(kwargs) for spec, kwargs in point.params.items()},
+            "suites": suites_out,
+            "provenance": {
+                **static,
+                "base_seed": self.seed,
+                "trial_seed": seed_t,
+                "recorded_utc": datetime.now(UTC).isoformat(),
+                "reused": reused,
+            },
+        }
+
+    def _cell_key(self, config_id: str, trial: int, suite: InspectSuite) -> str | None:
+        """A digest of everything that produced a cell besides the controls (which the config_id names)."""
+        try:
+            payload = canonical_json(
+                {
+                    "suite": suite,
+                    "base_model": self.base_model_name_or_path,
+                    "backend": self.backend,
+                    "hf_model_kwargs": self.hf_model_kwargs,
+                    "provider_options": self.provider_options,
+                    "generate_defaults": self.generate_defaults,
+                    "trial_seed": self._trial_seed(config_id, trial),
+                }
+            )
+        except TypeError:  # something without a content form: never reuse on a guess
+            return None
+        return hashlib.sha256(payload.encode()).hexdigest()
+
+    def _index_cell(
+        self, root: Path, config_id: str, trial: int, suite: InspectSuite, tasks: Mapping[str, Any], static: Any
+    ) -> None:
+        key = self._cell_key(config_id, trial, suite)
+        if key is None or self.save_dir is None or not tasks:
+            return
+        path = root / "cells" / config_id / f"trial_{trial}" / f"{suite.name}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"key": key, "tasks": tasks, "static": static}, default=str))
+        os.replace(tmp, path)  # atomic: a concurrent reader sees the old index or the new one
+
+    def _reused_records(self, point: Any, root: Path) -> list[dict[str, Any]] | None:
+        """The records of a configuration whose every cell is indexed under the current key, else None."""
+        if self.save_dir is None:
+            return None
+        records = []
+        for trial in range(self.num_trials):
+            suites_out: dict[str, Any] = {}
+            static: Any = None
+            for suite in self.suites:
+                path = root / "cells" / point.config_id / f"trial_{trial}" / f"{suite.name}.json"
+                key = self._cell_key(point.config_id, trial, suite)
+                try:
+                    index = json.loads(path.read_text())
+                except (OSError, ValueError):
+                    return None
+                logs = [t.get("log") for t in index.get("tasks", {}).values()]
+                if key is None or index.get("key") != key or not all(log and (root / log).exists() for log in logs):
+                    return None
+                suites_out[suite.name] = index["tasks"]
+                static = static or index.get("static") or {}
+            records.append(self._record(point, trial, suites_out, static, reused=True))
+        return records
 
     def _warn_protocol(self, active: Sequence[Any]) -> None:
         if self.seed is not None:
@@ -323,7 +412,7 @@ class SteeringEval:
 
     def samples_frame(
         self,
-        scores: Sequence[str] | str,
+        scores: Sequence[str] | str | None,
         *,
         metadata_keys: Sequence[str] = (),
         params: Mapping[str, tuple[str, str]] | None = None,
@@ -331,10 +420,10 @@ class SteeringEval:
         task: str | None = None,
         include_text: bool = False,
     ) -> pd.DataFrame:
-        """`frames.samples_frame` of this run (logs read from `save_dir`), plus parameter columns."""
-        results = self.results()
+        """`frames.samples_frame` of this run's cells (logs read from `save_dir`, metrics or not), plus parameter
+        columns; `scores=None` takes every scorer in the logs."""
         frame = samples_frame(
-            results,
+            cells_frame(self._require_results()),
             self._log_root,
             scores=scores,
             metadata_keys=metadata_keys,

@@ -13,6 +13,7 @@ import pytest
 import steer_hydra.evaluation.frames as frames
 from steer_hydra.evaluation.frames import (
     RESULT_COLUMNS,
+    cells_frame,
     paired_deltas,
     results_frame,
     runs_frame,
@@ -251,6 +252,44 @@ def test_samples_frame_rows_columns_and_values(monkeypatch):
     assert out["kind"].tolist()[:2] == ["k1", "k2"] and out["missing"].tolist() == [None, None, None]
     assert out["input"].tolist()[:2] == ["q1", "q2"] and out["completion"].tolist()[:2] == ["c1", "c2"]
     assert out["seed"].tolist() == [11, 11, 21]
+
+
+def test_samples_come_from_the_cells_so_a_run_without_metrics_gives_its_samples(monkeypatch):
+    monkeypatch.setattr(frames, "_read_eval_log", lambda path: _fake_log([_sample(1, {}), _sample(2, {})]))
+    unscored = {"a": [_record("a", 0, 5, {})]}  # score=False: the task reported no metrics
+    assert results_frame(unscored).empty
+    out = samples_frame(cells_frame(unscored), "/r", scores=None)
+    assert out["sample_id"].tolist() == [1, 2] and out.columns[-1] == "sample_id"  # no score columns
+    assert out["pipeline"].tolist() == ["a", "a"] and out["seed"].tolist() == [5, 5]
+
+
+def test_scores_none_takes_every_scorer_and_a_failed_sample_scores_none(monkeypatch):
+    failed = SimpleNamespace(**{**vars(_sample(3, {})), "error": SimpleNamespace(message="boom")})
+    log = _fake_log([_sample(1, {"x": 1.0}), _sample(2, {"x": 0.0, "y": "C"}), failed])
+    monkeypatch.setattr(frames, "_read_eval_log", lambda path: log)
+    cells = cells_frame({"a": RESULTS["baseline"][:1]})
+    out = samples_frame(cells, "/r", scores=None)
+    assert list(out.columns[-2:]) == ["x", "y"]
+    assert out["x"].tolist()[:2] == [1.0, 0.0] and out["y"].tolist() == [None, 1.0, None]
+    assert samples_frame(cells, "/r", scores=["x"])["x"].tolist()[2] is None  # failed: no score, no KeyError
+
+
+def test_unscored_inspect_run_gives_its_samples_without_score_columns(tmp_path):
+    from steer_hydra.core.sweeps import PipelineFactory
+    from steer_hydra.evaluation.suite import InspectSuite
+
+    suite = InspectSuite(
+        name="s", tasks=("steer_hydra/short_answer",), limit=2, generate_overrides={"max_tokens": 4, "temperature": 0}
+    )
+    factory = PipelineFactory(TINY_REF, device_map=None)
+    with factory.steered([]) as pipeline:
+        out = suite.run(pipeline, log_dir=tmp_path / "cell", score=False)
+    factory.release()
+    (task,) = out
+    record = {"config_id": "baseline", "trial_id": 0, "seed": None, "suites": {"s": {task: {**out[task]}}}}
+    assert results_frame({"baseline": [record]}).empty  # no metrics at all
+    samples = samples_frame(cells_frame({"baseline": [record]}), tmp_path / "cell", scores=None, include_text=True)
+    assert len(samples) == 2 and list(samples.columns[-3:]) == ["sample_id", "input", "completion"]
 
 
 def test_samples_frame_score_key_errors(monkeypatch):

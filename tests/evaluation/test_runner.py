@@ -369,3 +369,41 @@ def test_a_failing_suite_releases_everything_and_leaves_no_results(tmp_path, mon
     assert ev._results is None
     with pytest.raises(RuntimeError, match=r"run\(\)"):
         ev.results()
+
+
+# ------------------------------------------------------------------------------------------ reuse of finished cells
+def _small_eval(save_dir, **kwargs):
+    from steer_hydra.evaluation.suite import InspectSuite
+
+    suite = InspectSuite(name="s", tasks=("steer_hydra/short_answer",), limit=2, generate_overrides={"max_tokens": 4})
+    kwargs.setdefault("generate_defaults", {"temperature": 0})
+    return SteeringEval(
+        {"baseline": [], "sys": [SystemPrompt(text="Be brief.")]},
+        TINY_REF,
+        [suite],
+        save_dir=save_dir,
+        progress=False,
+        device_map=None,
+        seed=3,
+        **kwargs,
+    )
+
+
+def test_complete_cells_are_reused_without_loading_a_model(tmp_path, monkeypatch):
+    claims = []
+    first = _small_eval(tmp_path, before_cell=lambda *cell: claims.append(cell)).run()
+    assert sorted(claims) == [("baseline", 0, "s"), (first["sys"][0]["config_id"], 0, "s")]
+    assert not any(r["provenance"]["reused"] for rs in first.values() for r in rs)
+
+    def no_model(self, controls):
+        raise AssertionError("a model was loaded for complete cells")
+
+    monkeypatch.setattr(runner_module.PipelineFactory, "steered", no_model)
+    again = _small_eval(tmp_path, before_cell=lambda *cell: claims.append(cell))
+    second = again.run()
+    assert len(claims) == 2  # nothing evaluated, nothing claimed
+    assert all(r["provenance"]["reused"] for rs in second.values() for r in rs)
+    assert again.results().equals(SteeringEval.results(SimpleNamespace(_require_results=lambda: first)))
+    changed = _small_eval(tmp_path, generate_defaults={"temperature": 0, "top_p": 0.5})  # another cell key
+    with pytest.raises(AssertionError, match="a model was loaded"):
+        changed.run()
