@@ -46,14 +46,24 @@ def resolve_mode(mode: str | None) -> str:
 
 
 @contextlib.contextmanager
-def redacted_argv() -> Iterator[None]:
-    """`sys.argv` with secret override values replaced for the duration of the body (W&B records it at init)."""
+def init_environment(init_timeout: float) -> Iterator[None]:
+    """For one `wandb.init`: `sys.argv` with secret override values replaced (W&B records the command line at
+    init), `WANDB_INIT_TIMEOUT` set, and an empty `WANDB_MODE` (which wandb 0.31 rejects) unset."""
+    saved = {name: os.environ.get(name) for name in ("WANDB_INIT_TIMEOUT", "WANDB_MODE")}
     original = sys.argv
     sys.argv = Redactor(original[1:]).argv(original)
+    os.environ["WANDB_INIT_TIMEOUT"] = f"{init_timeout:g}"
+    if saved["WANDB_MODE"] == "":
+        del os.environ["WANDB_MODE"]
     try:
         yield
     finally:
         sys.argv = original
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 class Tracker:
@@ -117,8 +127,8 @@ class Tracker:
         try:
             if mode == "online":
                 self._probe_server()
-            with redacted_argv():
-                return wandb.init(mode=mode, settings=self._settings(), **self.init_kwargs)
+            with init_environment(self.init_timeout):
+                return wandb.init(mode=mode, **self.init_kwargs)
         except Exception as error:
             if mode != "online":
                 raise
@@ -133,8 +143,8 @@ class Tracker:
         warnings.warn(message, stacklevel=3)
         logger.warning(message)
         self.fell_back_offline = True
-        with redacted_argv():
-            return wandb.init(mode="offline", settings=self._settings(), **self.init_kwargs)
+        with init_environment(self.init_timeout):
+            return wandb.init(mode="offline", **self.init_kwargs)
 
     def _probe_server(self) -> None:
         """Raise ConnectionError when the W&B server does not answer an HTTP request within `init_timeout`.
@@ -150,11 +160,6 @@ class Tracker:
             httpx.get(url, timeout=self.init_timeout, follow_redirects=False)
         except httpx.HTTPError as error:
             raise ConnectionError(f"the W&B server {url} did not answer ({type(error).__name__}: {error})") from error
-
-    def _settings(self) -> Any:
-        import wandb
-
-        return wandb.Settings(init_timeout=self.init_timeout)
 
     def summary(self, metrics: Mapping[str, Any]) -> None:
         if self.run is not None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 import time
 from pathlib import Path
 
 import pytest
+import wandb
 from app_helpers import read_run
 
 from steer_hydra.app import tracking
@@ -76,6 +78,7 @@ def test_online_init_that_fails_falls_back_to_offline_within_the_timeout(wandb_e
         assert tracker.active and tracker.fell_back_offline and tracker.run.settings.mode == "offline"
         tracker.summary({"objective": 0.5})
         tracker.finish()
+        wandb.teardown()  # the service writes the record file asynchronously; teardown flushes it
     finally:
         sock.close()
     assert elapsed < 2 + 10, f"fallback took {elapsed:.1f}s"
@@ -91,8 +94,19 @@ def test_wandb_records_no_secret_from_the_command_line(wandb_env, tmp_path):
     tracker = Tracker(project="p", entity=None, mode="offline", directory=tmp_path, config={"arm": "pasta"}).start()
     assert sys.argv == argv  # restored after init
     tracker.finish()
+    wandb.teardown()  # the service writes the record file asynchronously; teardown flushes it
     files = [p for p in Path(tmp_path).rglob("*") if p.is_file()]
     record = _only(p for p in files if p.suffix == ".wandb")
     assert b"arm=pasta" in record.read_bytes()  # the command line is recorded, redacted
     for path in files:
         assert SENTINEL.encode() not in path.read_bytes(), path
+
+
+def test_an_empty_wandb_mode_is_the_default_offline_run(wandb_env, tmp_path):
+    wandb_env.setenv("WANDB_MODE", "")
+    tracker = Tracker(project="p", entity=None, mode="auto", directory=tmp_path, init_timeout=4).start()
+    try:
+        assert tracker.active and tracker.run.settings.mode == "offline" and not tracker.fell_back_offline
+    finally:
+        tracker.finish()
+    assert "WANDB_INIT_TIMEOUT" not in os.environ  # set for the init only
