@@ -78,6 +78,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--skip-hf", action="store_true", help="skip Inspect's hf/ provider")
     parser.add_argument(
+        "--batching", default="static", choices=("static", "refill", "auto"), help="ProviderOptions.batching"
+    )
+    parser.add_argument(
+        "--connections-factor",
+        type=int,
+        default=1,
+        help="Inspect max_connections = factor * ceiling for the provider (2 keeps the next batch queued)",
+    )
+    parser.add_argument(
         "--lean-logs",
         action="store_true",
         help="log_realtime=False, log_buffer=100 for every Inspect mode (less per-sample logging work)",
@@ -123,6 +132,8 @@ class CountingPipeline:
 
     def timing_ms(self) -> tuple[float, float]:
         """Mean dispatch duration and mean idle gap between consecutive dispatches, in milliseconds."""
+        if not self.spans:  # refill: no static dispatch
+            return float("nan"), float("nan")
         busy = statistics.mean(end - start for start, end in self.spans)
         gaps = [b[0] - a[1] for a, b in zip(self.spans, self.spans[1:], strict=False)] or [0.0]
         return 1000 * busy, 1000 * statistics.mean(gaps)
@@ -138,9 +149,10 @@ def output_tokens(log) -> int:
     return sum(s.output.usage.output_tokens for s in log.samples if s.output and s.output.usage)
 
 
-def run_provider(pipeline, prompts, ceiling, max_tokens, log_dir, log_options) -> dict:
+def run_provider(pipeline, prompts, ceiling, max_tokens, log_dir, log_options, batching="static", factor=1) -> dict:
     counting = CountingPipeline(pipeline)
-    model = as_inspect_model(counting, options=ProviderOptions(max_batch_size=ceiling, reasoning_tags=None))
+    options = ProviderOptions(max_batch_size=ceiling, reasoning_tags=None, batching=batching)
+    model = as_inspect_model(counting, options=options)
     start = time.perf_counter()
     (log,) = inspect_eval(
         make_task(prompts),
@@ -149,7 +161,7 @@ def run_provider(pipeline, prompts, ceiling, max_tokens, log_dir, log_options) -
         log_dir=str(log_dir),
         temperature=0,
         max_tokens=max_tokens,
-        max_connections=model.api.effective_max_batch,
+        max_connections=factor * model.api.effective_max_batch,
         **log_options,
     )
     wall = time.perf_counter() - start
@@ -161,7 +173,7 @@ def run_provider(pipeline, prompts, ceiling, max_tokens, log_dir, log_options) -
         "wall": len(prompts) / wall,
         "samples": sample_window_rate(log),
         "tokens": output_tokens(log),
-        "mean_dispatch": statistics.mean(counting.sizes),
+        "mean_dispatch": statistics.mean(counting.sizes) if counting.sizes else float("nan"),
         "dispatches": len(counting.sizes),
         "busy_ms": busy_ms,
         "gap_ms": gap_ms,
@@ -232,13 +244,22 @@ def main(argv: list[str] | None = None) -> int:
         )
         # warm-up (allocator, kernels, Inspect imports and registry)
         run_raw(pipeline, prompts[: args.batch], args.batch, 8)
-        run_provider(pipeline, prompts[: args.batch], args.batch, 8, root / "warmup", log_options)
+        run_provider(pipeline, prompts[: args.batch], args.batch, 8, root / "warmup", log_options, args.batching)
 
         results: dict[str, list[dict]] = {"provider": [], "raw": [], "serial": []}
         for round_index in range(args.rounds):
             results["raw"].append(run_raw(pipeline, prompts, args.batch, args.max_tokens))
             results["provider"].append(
-                run_provider(pipeline, prompts, args.batch, args.max_tokens, root / f"p{round_index}", log_options)
+                run_provider(
+                    pipeline,
+                    prompts,
+                    args.batch,
+                    args.max_tokens,
+                    root / f"p{round_index}",
+                    log_options,
+                    args.batching,
+                    args.connections_factor,
+                )
             )
             results["serial"].append(
                 run_provider(pipeline, serial_prompts, 1, args.max_tokens, root / f"s{round_index}", log_options)

@@ -336,6 +336,10 @@ class RefillEngine:
                 active.prompt_end -= first
         self._hooks = None
 
+    def abort(self, error: BaseException) -> None:
+        """End every active row with `error` (their callbacks run) and empty the engine."""
+        self._fail_all(error)
+
     def _fail_all(self, error: BaseException) -> None:
         rows = self._rows
         self._reset()

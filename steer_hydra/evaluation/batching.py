@@ -46,7 +46,7 @@ import hashlib
 import json
 import logging
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -84,6 +84,7 @@ class BatchRequest:
         done: Set (on the event-loop thread) once `output` or `error` holds the result.
         output: The record's `Output` on success.
         error: The record's own exception on failure.
+        notify: Sets `done` from another thread (the refill worker); None on the static path.
     """
 
     prompt: Any
@@ -94,6 +95,7 @@ class BatchRequest:
     done: anyio.Event = field(default_factory=anyio.Event)
     output: Output | None = None
     error: BaseException | None = None
+    notify: Callable[[], None] | None = None
 
 
 def batch_key(gen_kwargs: Mapping[str, Any], per_sample_runtime_kwargs: Mapping[str, Any], num_choices: int) -> str:

@@ -45,6 +45,7 @@ from steer_hydra.core.controls import runtime_kwargs_schema
 from steer_hydra.core.output import truncate_at_stop_strings
 from steer_hydra.core.rendering import has_chat_template, render_messages
 from steer_hydra.evaluation.batching import LockLeaderCollator
+from steer_hydra.evaluation.refill_serving import RefillCollator
 from steer_hydra.evaluation.thinking import (
     DEFAULT_THINK_TAGS,
     SPLIT_MODES,
@@ -114,6 +115,7 @@ _POLICY_CHECKED = tuple(sorted(set(GenerateConfig.model_fields) - (MAPPED_FIELDS
 
 UNSUPPORTED_POLICIES = ("raise", "warn")
 SEED_SCOPES = ("item", "dispatch")
+BATCHING_MODES = ("auto", "static", "refill")
 _STOP_REASONS = {"length": "max_tokens", "stop": "stop", "eos": "stop"}
 
 _GENERATION_ONLY = (
@@ -140,7 +142,12 @@ class ProviderOptions:
         on_unsupported_param: "raise" (default) or "warn" (warn once per field, then ignore) for
             `GenerateConfig` parameters the pipeline cannot honor.
         seed_scope: "dispatch" (one derived seed per batched dispatch, decoded in one pass) or "item" (one seed
-            per row, rows decoded one at a time), attached to seeded sampling requests.
+            per row, rows decoded one at a time), attached to seeded sampling requests. Static batching only:
+            refill always samples each row from its own item seed.
+        batching: "refill" decodes in one loop that refills a finished row's slot with the next request
+            (`RefillCollator`; Hugging Face backend, controls that declare `supports_refill`), "static" runs
+            each batch until its longest row ends (`LockLeaderCollator`), "auto" (default) refills whenever the
+            pipeline allows it and the ceiling is above 1.
     """
 
     runtime_kwargs: Mapping[str, Any] = field(default_factory=dict)
@@ -152,6 +159,7 @@ class ProviderOptions:
     reasoning_split: str = "auto"
     on_unsupported_param: str = "raise"
     seed_scope: str = "dispatch"
+    batching: str = "auto"
 
     def __post_init__(self) -> None:
         if not isinstance(self.runtime_kwargs, Mapping):
@@ -193,6 +201,7 @@ class ProviderOptions:
             ("reasoning_split", SPLIT_MODES),
             ("on_unsupported_param", UNSUPPORTED_POLICIES),
             ("seed_scope", SEED_SCOPES),
+            ("batching", BATCHING_MODES),
         ):
             value = getattr(self, name)
             if value not in allowed:
@@ -299,7 +308,9 @@ class SteeringPipelineModelAPI(ModelAPI):
         self._reasoning_split, self._reasoning_tag_ids = resolve_split_mode(
             self._tokenizer, options.reasoning_tags, options.reasoning_split
         )
-        self._collator = LockLeaderCollator(
+        self._batching = self._resolve_batching(pipeline, options.batching)
+        collator_class = RefillCollator if self._batching == "refill" else LockLeaderCollator
+        self._collator = collator_class(
             pipeline,
             max_batch_size=self._effective_max_batch,
             prompt_path=self._prompt_path,
@@ -307,6 +318,23 @@ class SteeringPipelineModelAPI(ModelAPI):
             static_runtime_kwargs=options.runtime_kwargs,
             chat_template_kwargs=options.chat_template_kwargs,
         )
+
+    def _resolve_batching(self, pipeline: SteeringPipeline, mode: str) -> str:
+        """ "refill" or "static" for `ProviderOptions.batching`; an explicit "refill" the pipeline can't run raises."""
+        if mode == "static":
+            return "static"
+        blockers_of = getattr(pipeline, "refill_blockers", None)
+        blockers = blockers_of() if callable(blockers_of) else ["the pipeline has no refill_blockers()"]
+        if mode == "refill" and blockers:
+            raise ValueError(
+                f"ProviderOptions.batching='refill' but this pipeline cannot refill: {'; '.join(blockers)}. "
+                "Fix: use batching='static' (or 'auto', which falls back to static)."
+            )
+        if blockers or self._effective_max_batch == 1:
+            if mode == "auto":
+                logger.debug("Static batching: %s", "; ".join(blockers) or "ceiling 1")
+            return "static" if mode == "auto" else "refill"
+        return "refill"
 
     # ------------------------------------------------------------------ properties
     @property
@@ -333,6 +361,11 @@ class SteeringPipelineModelAPI(ModelAPI):
     def inert_runtime_kwargs(self) -> frozenset[str]:
         """Runtime kwargs seen on either tier that no enabled control declares."""
         return self._collator.inert_runtime_kwargs
+
+    @property
+    def batching(self) -> str:
+        """The batching in force: "refill" or "static"."""
+        return self._batching
 
     @property
     def collator(self) -> LockLeaderCollator:

@@ -94,7 +94,9 @@ def test_eval_pasta_receives_row_aligned_substrings(make_pipeline, tmp_path):
             return super().get_hooks(input_ids, runtime_kwargs, **kwargs)
 
     pasta = RecordingPasta(head_config=[0, 1], alpha=2.0, scale_position="include")
-    model = as_inspect_model(make_pipeline([pasta]), options=ProviderOptions(max_batch_size=4))
+    # static batching: one get_hooks call per dispatch (refill rebuilds hooks per batch composition)
+    options = ProviderOptions(max_batch_size=4, batching="static")
+    model = as_inspect_model(make_pipeline([pasta]), options=options)
     words = WORDS[:6]
     samples = [
         Sample(input=f"tell me about {word}", target=word, metadata={"runtime_kwargs": {"substrings": [word]}})
