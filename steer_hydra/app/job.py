@@ -1,13 +1,18 @@
 """One Hydra job end to end: plan -> evaluate into the shared save_dir -> results, plots -> W&B, always finished.
 
 Order matters for the promises made to users: every config error is raised before anything is written; the
-results (CSV files, plots, Inspect logs) are on disk before W&B sees them, and a W&B failure only warns; the
-pipeline is released by the runner in `finally`, so a multirun in one process does not accumulate memory.
+protocol is claimed only right before the first cell is evaluated, and released again when the job fails before
+any log of its suite exists; the results (CSV files, plots, Inspect logs) are on disk before W&B sees them, and a
+W&B failure only warns; the pipeline is released by the runner in `finally`, so a multirun in one process does
+not accumulate memory.
+
+Selection: the job's outputs (results, samples, deltas, plots, W&B) hold its own configuration and, for the
+deltas and plots, the baseline's, both selected by `config_id` from the save_dir (`analysis.select_cells`);
+other configurations evaluated into the same save_dir never appear.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import subprocess
@@ -17,11 +22,22 @@ from typing import Any
 import pandas as pd
 from omegaconf import DictConfig
 
-from steer_hydra.app.analysis import deltas_for, headline, long_samples, plot_job, summary_metrics, task_samples
+from steer_hydra.app.analysis import (
+    app_columns,
+    deltas_for,
+    headline,
+    long_samples,
+    plot_job,
+    select_cells,
+    summary_metrics,
+    task_samples,
+    tasks_without_baseline,
+)
+from steer_hydra.app.files import write_json
 from steer_hydra.app.plan import JobPlan, arm_names, to_plain
-from steer_hydra.app.secrets import redact
+from steer_hydra.app.secrets import redact, redact_overrides
 from steer_hydra.app.tracking import Tracker
-from steer_hydra.evaluation.frames import results_from_logs
+from steer_hydra.evaluation.frames import cells_frame, results_from_logs
 
 logger = logging.getLogger(__name__)
 
@@ -75,36 +91,62 @@ def make_tracker(cfg: DictConfig, plan: JobPlan, output_dir: Path) -> Tracker | 
     )
 
 
+def job_overrides() -> list[str]:
+    """This job's command-line overrides (secret values redacted), or [] outside a Hydra app."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return []
+    return redact_overrides(list(HydraConfig.get().overrides.task))
+
+
 def run_job(cfg: DictConfig, output_dir: str | Path) -> float:
     """Run one job; returns the headline metric (mean over tasks of each task's first metric)."""
     output_dir = Path(output_dir)
     plan = JobPlan.from_config(cfg)  # every config error surfaces here, before anything is written
-    plan.check_protocol()
+    plan.check_protocol()  # fail fast; the claim itself happens under a lock right before the first cell
     runner = plan.runner()
     tracker = make_tracker(cfg, plan, output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     logger.info("Job: arm %s [%s] on suite %s; logs under %s", plan.arm, plan.config_id, plan.suite.name, plan.save_dir)
-    plan.record_protocol()  # before any log exists, so a later job with another protocol is refused
     exit_code = 1
     try:
         if tracker is not None:
             tracker.start()
-        records = runner.run()[plan.arm]
-        results = runner.results()
+        try:
+            records = runner.run()[plan.arm]
+        finally:
+            plan.release_claim()  # removes the claim when the job failed before any log of the suite exists
+        reused = bool(records) and all(r["provenance"].get("reused") for r in records)
+        results = app_columns(runner.results(), seed=plan.seed)
         results.to_csv(output_dir / "results.csv", index=False)
-        samples = long_samples(task_samples(results, plan.save_dir, include_text=True))
+        own_cells = cells_frame({plan.arm: records})
+        samples = app_columns(long_samples(task_samples(own_cells, plan.save_dir, include_text=True)), seed=plan.seed)
         samples.to_csv(output_dir / "samples.csv", index=False)
 
-        # paired deltas against the baseline, evaluated earlier into the same save_dir or by this job
-        baseline = str(cfg.baseline_arm)
-        everything = results_from_logs(plan.save_dir, arm_names(plan.save_dir))
-        compared = everything[
-            (everything["suite"] == plan.suite.name) & everything["config"].isin([plan.arm, baseline])
-        ]
-        deltas = deltas_for(task_samples(compared, plan.save_dir), baseline) if plan.arm != baseline else pd.DataFrame()
+        # paired deltas against the baseline (evaluated earlier into the same save_dir, or by this job): exactly
+        # these two configurations, selected by config_id
+        ids = [plan.config_id, plan.baseline_config_id]
+        names = {**arm_names(plan.save_dir), plan.config_id: plan.arm}
+        compared = select_cells(plan.save_dir, ids, names, suite=plan.suite.name)
+        is_baseline = plan.config_id == plan.baseline_config_id
+        missing_baseline = [] if is_baseline else tasks_without_baseline(compared, plan.baseline_config_id)
+        if missing_baseline:
+            logger.warning(
+                "No baseline (config_id %s) yet for %s in %s: those tasks have no paired deltas. Fix: run arm=%s "
+                "into the same save_dir (or wait for the job running it), then re-run this command (its cells are "
+                "reused).",
+                plan.baseline_config_id,
+                ", ".join(missing_baseline),
+                plan.save_dir,
+                cfg.baseline_arm,
+            )
+        deltas = pd.DataFrame() if is_baseline else deltas_for(task_samples(compared, plan.save_dir), ids[1])
+        deltas = app_columns(deltas, seed=plan.seed) if not deltas.empty else deltas
         if not deltas.empty:
             deltas.to_csv(output_dir / "paired_deltas.csv", index=False)
-        plots = plot_job(compared, deltas, output_dir)
+        compared_results = results_from_logs(plan.save_dir, names, config_ids=ids)
+        plots = plot_job(compared_results[compared_results["suite"] == plan.suite.name], deltas, output_dir)
 
         provenance = {
             "git_commit": git_commit(),
@@ -116,27 +158,38 @@ def run_job(cfg: DictConfig, output_dir: str | Path) -> float:
         provenance = redact(provenance)
         metrics = summary_metrics(results)
         objective = headline(results)
-        (output_dir / JOB_RECORD).write_text(
-            json.dumps(
-                {
-                    "arm": plan.arm,
-                    "config_id": plan.config_id,
-                    "suite": plan.suite.name,
-                    "model": plan.model["name"],
-                    "seed": plan.seed,
-                    "save_dir": str(plan.save_dir),
-                    "metrics": metrics,
-                    "provenance": provenance,
-                    "memory_after_release": memory_report(),
-                },
-                indent=1,
-                default=str,
-            )
+        write_json(
+            output_dir / JOB_RECORD,
+            {
+                "arm": plan.arm,
+                "arm_name": plan.arm_name,
+                "config_id": plan.config_id,
+                "baseline_config_id": plan.baseline_config_id,
+                "suite": plan.suite.name,
+                "model": plan.model["name"],
+                "seed": plan.seed,
+                "trial_ids": [r["trial_id"] for r in records],
+                "trial_seeds": [r["seed"] for r in records],
+                "save_dir": str(plan.save_dir),
+                "overrides": job_overrides(),
+                "results_reused": reused,
+                "tasks_without_baseline": missing_baseline,
+                "metrics": metrics,
+                "provenance": provenance,
+                "memory_after_release": memory_report(),
+            },
         )
 
         if tracker is not None:
-            tracker.config({"provenance": provenance})
-            summary: dict[str, Any] = {**metrics, "objective": objective}
+            tracker.config({"config_id": plan.config_id, "provenance": provenance})
+            summary: dict[str, Any] = {
+                **metrics,
+                "objective": objective,
+                "arm": plan.arm,
+                "config_id": plan.config_id,
+                "results_reused": reused,
+                "tasks_without_baseline": ", ".join(missing_baseline),
+            }
             for row in deltas.itertuples(index=False):
                 key = "/".join(["delta", row.suite, row.task.replace("/", "."), row.metric])
                 summary[key] = row.delta
@@ -152,7 +205,7 @@ def run_job(cfg: DictConfig, output_dir: str | Path) -> float:
                     plan.save_dir / "inspect_logs" / plan.config_id,
                 )
         exit_code = 0
-        logger.info("Results in %s (objective %.4f)", output_dir, objective)
+        logger.info("Results in %s (objective %.4f%s)", output_dir, objective, ", reused" if reused else "")
         return objective
     finally:
         if tracker is not None:

@@ -1,16 +1,28 @@
-"""Turn a composed Hydra config into the library objects of one job (controls, suite, options, runner), no I/O.
+"""Turn a composed Hydra config into the library objects of one job (controls, suite, options, runner), and own
+the job's claims in the shared save_dir (its protocol per suite, its configuration record).
 
 Everything that can be wrong with a config fails here, before any model loads: control arguments (their
 `Args` dataclasses name the field and the valid arguments), suite and provider options, the backend kind,
 and a save_dir whose earlier protocol differs from this job's.
+
+Identity: `config_id` is the digest of the arm's controls (`baseline` for none); it keys every result. The arm's
+display name (`arm`) is its YAML `name` when its controls are the arm file's defaults, else `<name>@<config_id>`,
+so differently configured arms never share a name (`display_name` is the one place that builds it).
+
+Concurrency: jobs share `save_dir/protocol/<suite>.json` and `save_dir/configs/<config_id>.json`; both are
+written atomically, and the protocol check-and-claim runs under the save_dir's file lock. A job claims only
+right before it evaluates its first cell (its model loaded and steered), and a job that fails before any log of
+the suite exists, with no other job holding the claim, removes it again.
 """
 
 from __future__ import annotations
 
 import enum
-import json
+import logging
+import os
+import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,17 +30,57 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from steer_hydra.app.files import locked, read_json, write_json
 from steer_hydra.core.backend import BackendSpec
 from steer_hydra.core.controls import BaseControl
-from steer_hydra.core.identity import canonical_value, config_digest
+from steer_hydra.core.identity import BASELINE_CONFIG_ID, canonical_value, config_digest
 from steer_hydra.core.sweeps import config_descriptor_from_controls
 from steer_hydra.evaluation.provider import ProviderOptions
 from steer_hydra.evaluation.runner import SteeringEval
 from steer_hydra.evaluation.suite import InspectSuite
 
+logger = logging.getLogger(__name__)
+
+LOCK_FILE = ".lock"
+
 
 class ConfigError(ValueError):
     """A configuration value that cannot work; the message names the key and the fix."""
+
+
+def display_name(name: str, config_id: str, default_config_id: str | None) -> str:
+    """The arm's readable name: `name` for its YAML defaults, else `name@config_id` (one per configuration)."""
+    return name if config_id == default_config_id else f"{name}@{config_id}"
+
+
+def _choices() -> dict[str, Any]:
+    from hydra.core.hydra_config import HydraConfig
+
+    return dict(HydraConfig.get().runtime.choices) if HydraConfig.initialized() else {}
+
+
+def arm_default_config_id(arm_choice: str, choices: Mapping[str, Any] | None = None) -> str | None:
+    """The config_id of arm option `arm_choice` as its file defines it (under the job's model and experiment).
+
+    None when the option cannot be composed (an arm given inline): such an arm always shows its config_id.
+    """
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    choices = _choices() if choices is None else choices
+    overrides = [f"arm={arm_choice}"] + [
+        f"{group}={choices[group]}" for group in ("model", "experiment") if choices.get(group) is not None
+    ]
+    try:
+        if GlobalHydra.instance().is_initialized():  # inside the app: its search path, user groups included
+            cfg = compose("config", overrides=overrides)
+        else:
+            with initialize_config_module(config_module="steer_hydra.conf", version_base="1.3"):
+                cfg = compose("config", overrides=overrides)
+        return config_digest(config_descriptor_from_controls(build_controls(cfg.arm.controls)))
+    except Exception as error:  # noqa: BLE001 - any failure only costs the short display name
+        logger.debug("Cannot compose arm=%s for its default config_id: %s", arm_choice, error)
+        return None
 
 
 def to_plain(cfg: Any) -> Any:
@@ -70,7 +122,7 @@ def build_controls(controls_cfg: Any) -> list[BaseControl]:
 class JobPlan:
     """Everything one job runs, built and validated from the config."""
 
-    arm: str
+    arm: str  # display name (see `display_name`)
     config_id: str
     controls: list[BaseControl]
     suite: InspectSuite
@@ -84,6 +136,9 @@ class JobPlan:
     on_unsupported: str
     display: str
     progress: bool
+    arm_name: str = ""  # the arm's YAML `name`
+    baseline_config_id: str = BASELINE_CONFIG_ID
+    _holder: Path | None = field(default=None, repr=False)
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> JobPlan:
@@ -108,9 +163,24 @@ class JobPlan:
         except (TypeError, ValueError) as error:
             raise ConfigError(f"provider: {error}") from error
         backend = BackendSpec(kind=plain["backend"]["kind"], options=plain["backend"]["options"] or {})
+        name = plain["arm"]["name"]
+        config_id = config_digest(config_descriptor_from_controls(controls))
+        choices = _choices()
+        arm_choice = choices.get("arm") or name
+        default_id = config_id if config_id == BASELINE_CONFIG_ID and name == "baseline" else None
+        default_id = default_id or arm_default_config_id(arm_choice, choices)
+        baseline = str(plain.get("baseline_arm") or "baseline")
+        baseline_id = default_id if baseline == arm_choice else None
+        if baseline_id is None:
+            baseline_id = BASELINE_CONFIG_ID if baseline == "baseline" else arm_default_config_id(baseline, choices)
+        if baseline_id is None:
+            raise ConfigError(
+                f"baseline_arm={baseline!r} is not an arm option that composes. Fix: set baseline_arm to one of the "
+                "arm group's options (e.g. baseline_arm=baseline)."
+            )
         return cls(
-            arm=plain["arm"]["name"],
-            config_id=config_digest(config_descriptor_from_controls(controls)),
+            arm=display_name(name, config_id, default_id),
+            config_id=config_id,
             controls=controls,
             suite=suite,
             options=options,
@@ -123,6 +193,8 @@ class JobPlan:
             on_unsupported=plain["on_unsupported"],
             display=plain["display"],
             progress=plain["progress"],
+            arm_name=name,
+            baseline_config_id=baseline_id,
         )
 
     def protocol(self) -> dict[str, Any]:
@@ -138,39 +210,65 @@ class JobPlan:
             }
         )
 
+    @property
+    def protocol_path(self) -> Path:
+        return self.save_dir / "protocol" / f"{self.suite.name}.json"
+
     def check_protocol(self) -> None:
         """Refuse a save_dir whose logs for this suite were made under another protocol (they would be reused)."""
-        path = self.save_dir / "protocol" / f"{self.suite.name}.json"
-        if not path.exists():
+        if not self.protocol_path.exists():
             return
-        previous = json.loads(path.read_text())
-        current = self.protocol()
+        previous, current = read_json(self.protocol_path), self.protocol()
         if previous != current:
-            changed = sorted(k for k in set(previous) | set(current) if previous.get(k) != current.get(k))
+            changed = "; ".join(changed_leaves(previous, current)[:6])
             raise ConfigError(
                 f"save_dir {self.save_dir} already holds suite {self.suite.name!r} evaluated under another protocol "
-                f"(changed: {', '.join(changed)}). Inspect would resume those logs as if nothing changed. Fix: set "
-                "experiment_name=<new name> (or save_dir=...) for the new protocol, or restore the old settings."
+                f"({self.protocol_path}; changed: {changed}). Inspect would resume those logs as if nothing changed. "
+                "Fix: set experiment_name=<new name> (or save_dir=...) for the new protocol, or restore the old "
+                "settings."
             )
 
-    def record_protocol(self) -> None:
-        """Write this job's protocol and arm name into save_dir (one file per suite and per configuration)."""
-        (self.save_dir / "protocol").mkdir(parents=True, exist_ok=True)
-        (self.save_dir / "protocol" / f"{self.suite.name}.json").write_text(json.dumps(self.protocol(), indent=1))
-        (self.save_dir / "configs").mkdir(parents=True, exist_ok=True)
-        (self.save_dir / "configs" / f"{self.config_id}.json").write_text(
-            json.dumps(
+    def claim_protocol(self, *_cell: Any) -> None:
+        """Check and claim this suite's protocol and record this configuration, atomically under the save_dir lock.
+
+        Called right before the first cell is evaluated (idempotent); `release_claim` undoes a claim that no log
+        came to back.
+        """
+        if self._holder is not None:
+            return
+        with locked(self.save_dir / LOCK_FILE):
+            self.check_protocol()
+            if not self.protocol_path.exists():
+                write_json(self.protocol_path, self.protocol())
+            holder = self.save_dir / "protocol" / "holders" / f"{self.suite.name}.{os.getpid()}.{uuid.uuid4().hex}"
+            holder.parent.mkdir(parents=True, exist_ok=True)
+            holder.touch()
+            self._holder = holder
+            write_json(
+                self.save_dir / "configs" / f"{self.config_id}.json",
                 {
                     "arm": self.arm,
+                    "arm_name": self.arm_name,
                     "config_id": self.config_id,
                     "controls": canonical_value(config_descriptor_from_controls(self.controls)),
                 },
-                indent=1,
             )
-        )
+
+    def release_claim(self) -> None:
+        """Drop this job's hold on the protocol; remove the claim if no log of the suite exists and nobody holds it."""
+        if self._holder is None:
+            return
+        with locked(self.save_dir / LOCK_FILE):
+            self._holder.unlink(missing_ok=True)
+            self._holder = None
+            others = list((self.save_dir / "protocol" / "holders").glob(f"{self.suite.name}.*"))
+            logs = any((self.save_dir / "inspect_logs").glob(f"*/trial_*/{self.suite.name}/**/*.eval"))
+            if not others and not logs:
+                logger.info("No log of suite %s was written: removing the protocol claim.", self.suite.name)
+                self.protocol_path.unlink(missing_ok=True)
 
     def runner(self) -> SteeringEval:
-        """The library runner for this job (one configuration, one suite)."""
+        """The library runner for this job (one configuration, one suite); it claims the protocol before its cell."""
         return SteeringEval(
             {self.arm: self.controls},
             self.model["model_name_or_path"],
@@ -187,13 +285,34 @@ class JobPlan:
             save_dir=self.save_dir,
             progress=self.progress,
             display=self.display,
+            before_cell=self.claim_protocol,
         )
 
 
 def arm_names(save_dir: Path) -> dict[str, str]:
-    """`{config_id: arm name}` of every configuration a job recorded in `save_dir`."""
+    """`{config_id: arm display name}` of every configuration a job recorded in `save_dir`."""
     names = {}
     for path in sorted((save_dir / "configs").glob("*.json")) if (save_dir / "configs").is_dir() else []:
-        record = json.loads(path.read_text())
+        record = read_json(path)
         names[record["config_id"]] = record["arm"]
     return names
+
+
+def _leaves(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, Mapping) and value:
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            out.update(_leaves(item, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: value}
+
+
+def changed_leaves(previous: Any, current: Any) -> list[str]:
+    """`key.path: old -> new` for every leaf that differs between two protocols (`<absent>` for a missing leaf)."""
+    before, after = _leaves(previous), _leaves(current)
+    absent = "<absent>"
+    return [
+        f"{key}: {before.get(key, absent)!r} -> {after.get(key, absent)!r}"
+        for key in sorted(set(before) | set(after))
+        if before.get(key, absent) != after.get(key, absent)
+    ]

@@ -116,11 +116,53 @@ def test_wandb_failure_warns_and_keeps_the_results(compose_cfg, monkeypatch, tmp
 
 def test_protocol_guard_refuses_a_changed_protocol_in_the_same_save_dir(compose_cfg, tmp_path):
     plan = JobPlan.from_config(compose_cfg([f"output_root={tmp_path}"]))
-    plan.record_protocol()
+    plan.claim_protocol()
     JobPlan.from_config(compose_cfg([f"output_root={tmp_path}", "arm=pasta"])).check_protocol()  # arms may differ
     changed = JobPlan.from_config(compose_cfg([f"output_root={tmp_path}", "generate_defaults.temperature=0.7"]))
-    with pytest.raises(ConfigError, match=r"another protocol \(changed: generate_defaults\).*experiment_name"):
+    with pytest.raises(
+        ConfigError, match=r"smoke.json; changed: generate_defaults.temperature: 0 -> 0.7\).*experiment"
+    ):
         changed.check_protocol()
+    with pytest.raises(ConfigError, match="another protocol"):
+        changed.claim_protocol()  # the claim checks again, under the lock
+    plan.release_claim()
+    assert plan.protocol_path.exists() is False  # nothing was evaluated under it: no claim remains
+
+
+def test_a_job_that_evaluated_nothing_leaves_no_claim_and_a_later_protocol_runs(compose_cfg, tmp_path, monkeypatch):
+    from steer_hydra.evaluation.suite import InspectSuite
+
+    original = InspectSuite.run
+
+    def broken(self, *args, **kwargs):
+        raise RuntimeError("No inspect tasks were found")
+
+    monkeypatch.setattr(InspectSuite, "run", broken)
+    with pytest.raises(RuntimeError, match="No inspect tasks"):
+        job_module.run_job(compose_cfg([f"output_root={tmp_path}", "suite.limit=1", "logger=none"]), tmp_path / "a")
+    save_dir = tmp_path / "default" / "tiny" / "seed_0"
+    assert not (save_dir / "protocol" / "smoke.json").exists()
+    monkeypatch.setattr(InspectSuite, "run", original)
+    job_module.run_job(compose_cfg([*FAST, f"output_root={tmp_path}", "logger=none"]), tmp_path / "b")
+    assert (save_dir / "protocol" / "smoke.json").exists()
+
+
+def test_a_job_whose_cells_are_complete_loads_no_model_and_says_so(compose_cfg, tmp_path, monkeypatch):
+    from steer_hydra.evaluation import runner as runner_module
+
+    cfg = compose_cfg([*FAST, f"output_root={tmp_path}", "logger=none", "arm=system_prompt"])
+    job_module.run_job(cfg, tmp_path / "first")
+    first = json.loads((tmp_path / "first" / "job_record.json").read_text())
+    assert first["results_reused"] is False
+
+    def no_model(self, controls):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(runner_module.PipelineFactory, "steered", no_model)
+    job_module.run_job(cfg, tmp_path / "again")
+    again = json.loads((tmp_path / "again" / "job_record.json").read_text())
+    assert again["results_reused"] is True and again["metrics"] == first["metrics"]
+    assert (tmp_path / "again" / "results.csv").read_text() == (tmp_path / "first" / "results.csv").read_text()
 
 
 @pytest.mark.slow

@@ -1,0 +1,78 @@
+"""Configuration identity end to end: three `pasta` configurations in one save_dir stay apart in every output."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+from app_helpers import FAST, read_run
+
+from steer_hydra.app import job as job_module
+from steer_hydra.app.plan import JobPlan
+
+PASTAS = [
+    ["arm=pasta"],
+    ["arm=pasta", "arm.controls.pasta.alpha=0.05"],
+    ["arm=pasta", "+control@arm.controls.sys=system_prompt"],
+]
+
+
+def test_display_names_and_baseline_ids(compose_cfg):
+    plans = [JobPlan.from_config(compose_cfg(o)) for o in PASTAS]
+    assert len({p.config_id for p in plans}) == 3
+    assert plans[0].arm == "pasta"
+    assert [p.arm for p in plans[1:]] == [f"pasta@{p.config_id}" for p in plans[1:]]
+    assert all(p.arm_name == "pasta" and p.baseline_config_id == "baseline" for p in plans)
+    base = JobPlan.from_config(compose_cfg(["arm=baseline"]))
+    assert (base.arm, base.config_id) == ("baseline", "baseline")
+    other = JobPlan.from_config(compose_cfg(["arm=pasta", "baseline_arm=system_prompt"]))
+    assert other.baseline_config_id == JobPlan.from_config(compose_cfg(["arm=system_prompt"])).config_id
+
+
+def _rows(path):
+    return list(csv.DictReader(path.open())) if path.exists() else []
+
+
+@pytest.mark.slow
+def test_three_pasta_configurations_in_one_save_dir_keep_their_own_results(compose_cfg, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    plotted = {}
+    real_plot = job_module.plot_job
+
+    def spy(results, deltas, out_dir):
+        plotted[out_dir.name] = (set(results["config_id"]), set(deltas["config_id"]) if len(deltas) else set())
+        return real_plot(results, deltas, out_dir)
+
+    monkeypatch.setattr(job_module, "plot_job", spy)
+    common = [*FAST, f"output_root={tmp_path}", "logger.log_artifact=false"]
+    job_module.run_job(compose_cfg([*common, "arm=baseline"]), tmp_path / "job_base")
+    records = []
+    for i, overrides in enumerate(PASTAS):
+        out = tmp_path / f"job{i}"
+        job_module.run_job(compose_cfg([*common, *overrides]), out)
+        records.append(json.loads((out / "job_record.json").read_text()))
+    ids = [r["config_id"] for r in records]
+    assert len(set(ids)) == 3 and [r["arm"] for r in records] == ["pasta", f"pasta@{ids[1]}", f"pasta@{ids[2]}"]
+    for i, record in enumerate(records):
+        out = tmp_path / f"job{i}"
+        deltas = _rows(out / "paired_deltas.csv")
+        assert deltas and {(r["arm"], r["config_id"]) for r in deltas} == {(record["arm"], record["config_id"])}
+        assert {r["seed"] for r in deltas} == {"0"}
+        results = _rows(out / "results.csv")
+        assert {r["config_id"] for r in results} == {record["config_id"]} and {r["arm"] for r in results} == {
+            record["arm"]
+        }
+        assert {"arm", "config_id", "trial_id", "seed", "trial_seed"} <= set(results[0])
+        samples = _rows(out / "samples.csv")
+        assert samples and {r["config_id"] for r in samples} == {record["config_id"]}
+        assert plotted[out.name] == ({record["config_id"], "baseline"}, {record["config_id"]})
+        (run_dir,) = (out / "wandb").glob("offline-run-*")
+        _, summary = read_run(next(run_dir.glob("run-*.wandb")))
+        logged = {k: v for k, v in summary.items() if k.startswith("delta/") and k.count("/") == 3}
+        assert logged == {
+            "/".join(["delta", r["suite"], r["task"].replace("/", "."), r["metric"]]): float(r["delta"]) for r in deltas
+        }
+        assert summary["config_id"] == record["config_id"] and summary["arm"] == record["arm"]
+    configs = {p.stem for p in (tmp_path / "default" / "tiny" / "seed_0" / "configs").glob("*.json")}
+    assert configs == {*ids, "baseline"}
