@@ -74,6 +74,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=1,
         help="Inspect max_connections = factor * B for the provider modes (2 keeps a next batch queued)",
     )
+    parser.add_argument(
+        "--switch-interval", type=float, default=None, help="sys.setswitchinterval (seconds; Python's default 0.005)"
+    )
     parser.add_argument("--checkpoint", default=None, help="use this checkpoint instead of building the tiny one")
     return parser.parse_args(argv)
 
@@ -281,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
     modes = [m for m in args.modes.split(",") if m]
     if args.hazard_a == 0 and args.threads:  # fixed-length workload: every row runs to max_tokens
         logging.getLogger(__name__).info("No EOS hazard: every row decodes max_tokens tokens.")
@@ -312,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
             f"checkpoint params={params:,} device={args.device} dtype={args.dtype}; samples={len(prompts)} "
             f"max_tokens={args.max_tokens} batch={args.batch} rounds={args.rounds} torch_threads="
             f"{torch.get_num_threads()} cpus={os.cpu_count()} lean_logs={args.lean_logs} "
-            f"connections={args.connections_factor}xB hazard={args.hazard_a}/(pos+{args.hazard_b}) seed={args.seed}",
+            f"connections={args.connections_factor}xB switch={sys.getswitchinterval()} hazard={args.hazard_a}/(pos+{args.hazard_b}) seed={args.seed}",
             flush=True,
         )
         # warm-up of every path on a few prompts

@@ -13,10 +13,14 @@ Contract:
   in deployment); without one, each conversation is rendered to plain text and dispatched as `text=` (no
   `adapt_messages`; token-level `adapt` still runs). The path is fixed at construction and warned about once.
 - The batch ceiling is `ProviderOptions.max_batch_size`, clamped to 1 when the pipeline cannot batch
-  (`effective_max_batch`). **Pass `max_connections=model.api.effective_max_batch` to every `inspect_ai.eval` /
+  (`effective_max_batch`). **Pass `max_connections=model.api.inspect_connections` to every `inspect_ai.eval` /
   `eval_set` call**: Inspect's adaptive concurrency ignores `ModelAPI.max_connections()` unless
-  `max_connections` is given, and with it given `max_samples` defaults to the same value, so batches fill
-  exactly (`inspect_max_connections(model)` returns that number).
+  `max_connections` is given, and with it given `max_samples` defaults to the same value. That number is the
+  ceiling under static batching (batches fill exactly) and twice the ceiling under refill (a freed slot finds
+  the next request waiting); `inspect_max_connections(model)` returns it.
+- Batching (`ProviderOptions.batching`): "refill" (the default where the pipeline allows it) decodes every
+  request in one loop that refills a finished row's slot at once (`refill_serving.RefillCollator`); "static"
+  runs each batch until its longest row ends (`batching.LockLeaderCollator`).
 """
 
 from __future__ import annotations
@@ -363,6 +367,13 @@ class SteeringPipelineModelAPI(ModelAPI):
         return self._collator.inert_runtime_kwargs
 
     @property
+    def inspect_connections(self) -> int:
+        """The `max_connections` to give Inspect: the ceiling, doubled under refill so that a finished row's slot
+        finds the next request already waiting (Inspect finishes a sample on its event loop before it sends the
+        next one)."""
+        return self._effective_max_batch * (2 if self._batching == "refill" else 1)
+
+    @property
     def batching(self) -> str:
         """The batching in force: "refill" or "static"."""
         return self._batching
@@ -617,21 +628,22 @@ def as_inspect_model(
 ) -> Model:
     """Wrap a steered pipeline as an Inspect `Model` named `steer_hydra/<model_name>`.
 
-    `model.api` is the `SteeringPipelineModelAPI`. Pass `max_connections=model.api.effective_max_batch` to
+    `model.api` is the `SteeringPipelineModelAPI`. Pass `max_connections=model.api.inspect_connections` to
     `inspect_ai.eval` / `eval_set` (see the module docstring); Inspect never closes the model, so call
     `model.api.close()` and release the pipeline yourself when done.
 
     Example:
         >>> model = as_inspect_model(pipeline, options=ProviderOptions(max_batch_size=8))
-        >>> logs = inspect_ai.eval(task, model=model, max_connections=model.api.effective_max_batch, temperature=0)
+        >>> logs = inspect_ai.eval(task, model=model, max_connections=model.api.inspect_connections, temperature=0)
     """
     api = steer_hydra(model_name, pipeline=pipeline, options=options, base_seed=base_seed)
     return Model(api, GenerateConfig())
 
 
 def inspect_max_connections(model: Model) -> int:
-    """The `max_connections` to pass to Inspect for a model built by `as_inspect_model` (its batch ceiling)."""
+    """The `max_connections` to pass to Inspect for a model built by `as_inspect_model` (`inspect_connections`:
+    the batch ceiling, twice the ceiling under refill)."""
     api = model.api
     if not isinstance(api, SteeringPipelineModelAPI):
         raise TypeError(f"{model} is not a steer_hydra model; build it with as_inspect_model(pipeline).")
-    return api.effective_max_batch
+    return api.inspect_connections

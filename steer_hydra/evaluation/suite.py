@@ -175,7 +175,7 @@ class InspectSuite:
 
 def _batch_ceiling(model: Any) -> int:
     api = getattr(model, "api", None)
-    ceiling = getattr(api, "effective_max_batch", None)
+    ceiling = getattr(api, "inspect_connections", None) or getattr(api, "effective_max_batch", None)
     if ceiling is None:
         ceiling = api.max_connections() if api is not None else 1
     return max(1, int(ceiling))

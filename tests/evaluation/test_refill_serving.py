@@ -14,7 +14,7 @@ from inspect_ai.dataset import MemoryDataset, Sample
 from inspect_ai.scorer import includes
 
 from steer_hydra.controls.state import PASTA, ActAdd
-from steer_hydra.evaluation import ProviderOptions, as_inspect_model, runtime_kwargs_solver
+from steer_hydra.evaluation import ProviderOptions, as_inspect_model, inspect_max_connections, runtime_kwargs_solver
 from steer_hydra.evaluation.refill_serving import RefillCollator
 
 pytestmark = pytest.mark.filterwarnings("ignore:The 'initial' parameter is deprecated:DeprecationWarning")
@@ -145,8 +145,11 @@ def test_a_waiter_cancelled_while_queued_is_never_admitted(make_pipeline):
 
 
 def test_batching_option_resolves_and_refuses_what_cannot_refill(make_pipeline):
-    assert as_inspect_model(make_pipeline()).api.batching == "refill"  # auto
-    assert as_inspect_model(make_pipeline(), options=ProviderOptions(batching="static")).api.batching == "static"
+    refill = as_inspect_model(make_pipeline(), options=ProviderOptions(max_batch_size=3))
+    static = as_inspect_model(make_pipeline(), options=ProviderOptions(max_batch_size=3, batching="static"))
+    assert (refill.api.batching, static.api.batching) == ("refill", "static")  # auto refills when it can
+    assert inspect_max_connections(refill) == refill.api.inspect_connections == 6  # a request waits per slot
+    assert inspect_max_connections(static) == static.api.inspect_connections == 3
     actadd = make_pipeline([ActAdd(steering_vector=torch.ones(64), layer_id=0)])
     assert as_inspect_model(actadd).api.batching == "static"
     with pytest.raises(ValueError, match=r"batching='refill'.*ActAdd.*Fix"):
@@ -173,7 +176,7 @@ def test_inspect_eval_with_refill_matches_static_completions(make_pipeline, tmp_
             log_dir=str(tmp_path / batching),
             temperature=0,
             max_tokens=12,
-            max_connections=2 * model.api.effective_max_batch,
+            max_connections=model.api.inspect_connections,
         )
         assert log.status == "success"
         completions[batching] = {s.id: s.output.completion for s in log.samples}
