@@ -1,10 +1,15 @@
-"""Built-in Inspect tasks that run offline: short answer, multiple choice, and an instruction-following target task.
+"""Built-in Inspect tasks that run offline, each with at least 60 samples generated from fixed tables and ids.
 
-Importing this package registers the tasks with Inspect under `steer_hydra/<name>`; `SMOKE_TASKS` lists the
-names the `smoke` suite runs. On the tiny random model they exercise the whole path (scores are near zero);
-on a real instruction-tuned model they measure something.
+Capability: `short_answer` (one-word facts), `arithmetic`, `mcqa` (scored on the letter or the option text).
+Target behaviours: `instruction_following` (verifiable checks; the instruction travels as PASTA `substrings`)
+and `concept_steering` (AxBench-style: neutral instructions, concept / relevance / fluency / harmonic scores,
+disjoint `dev` and `test` splits). Importing this package registers the tasks with Inspect under
+`steer_hydra/<name>`; `SMOKE_TASKS` lists the names the `smoke` suite runs. On the tiny random model they
+exercise the whole path (scores are near zero); on SmolLM2 (`model=smollm2`) they measure something.
 """
 
+from steer_hydra.tasks.arithmetic import arithmetic
+from steer_hydra.tasks.concept_steering import LEXICONS, concept_steering
 from steer_hydra.tasks.instruction_following import INSTRUCTION_CHECKS, instruction_checker, instruction_following
 from steer_hydra.tasks.mcqa import mcqa
 from steer_hydra.tasks.short_answer import short_answer
@@ -13,6 +18,9 @@ SMOKE_TASKS = ("steer_hydra/short_answer", "steer_hydra/mcqa", "steer_hydra/inst
 
 __all__ = [
     "INSTRUCTION_CHECKS",
+    "LEXICONS",
+    "arithmetic",
+    "concept_steering",
     "SMOKE_TASKS",
     "instruction_checker",
     "instruction_following",

@@ -1,4 +1,8 @@
-"""`steer_hydra/short_answer`: one-word factual questions scored by `includes()` (or `match()`)."""
+"""`steer_hydra/short_answer`: one-word factual questions scored by `includes()` (or `match()`).
+
+72 questions: 20 hand-written ones (ids `sa-01`...`sa-20`, the smoke suite's first samples), then questions
+generated from fixed fact tables (capitals, continents, opposites, colours), in a fixed order with fixed ids.
+"""
 
 from __future__ import annotations
 
@@ -34,12 +38,77 @@ QUESTIONS: tuple[tuple[str, str], ...] = (
     ("What is frozen water called?", "ice"),
 )
 
+CAPITALS = (
+    ("Portugal", "Lisbon"),
+    ("Greece", "Athens"),
+    ("Egypt", "Cairo"),
+    ("Russia", "Moscow"),
+    ("China", "Beijing"),
+    ("Austria", "Vienna"),
+    ("Ireland", "Dublin"),
+    ("Norway", "Oslo"),
+    ("Sweden", "Stockholm"),
+    ("Poland", "Warsaw"),
+    ("Canada", "Ottawa"),
+    ("Kenya", "Nairobi"),
+    ("Peru", "Lima"),
+    ("Cuba", "Havana"),
+    ("Thailand", "Bangkok"),
+    ("Denmark", "Copenhagen"),
+    ("Finland", "Helsinki"),
+    ("Hungary", "Budapest"),
+    ("Belgium", "Brussels"),
+    ("Turkey", "Ankara"),
+)
+CONTINENTS = (
+    ("Kenya", "Africa"),
+    ("India", "Asia"),
+    ("Germany", "Europe"),
+    ("Egypt", "Africa"),
+    ("Norway", "Europe"),
+    ("China", "Asia"),
+    ("Nigeria", "Africa"),
+    ("Vietnam", "Asia"),
+    ("Portugal", "Europe"),
+    ("Ghana", "Africa"),
+)
+OPPOSITES = (
+    ("hot", "cold"),
+    ("up", "down"),
+    ("big", "small"),
+    ("fast", "slow"),
+    ("day", "night"),
+    ("old", "new"),
+    ("open", "closed"),
+    ("light", "dark"),
+    ("early", "late"),
+    ("full", "empty"),
+    ("wet", "dry"),
+    ("hard", "soft"),
+)
+COLOURS = (
+    ("a ripe banana", "yellow"), ("snow", "white"), ("coal", "black"), ("a ripe tomato", "red"),
+    ("an orange", "orange"), ("the sea on a sunny day", "blue"), ("a lemon", "yellow"), ("a leaf in summer", "green"),
+    ("milk", "white"), ("a strawberry", "red"),
+)  # fmt: skip
+
+
+def _generated_questions() -> tuple[tuple[str, str], ...]:
+    rows = [(f"What is the capital of {country}?", city) for country, city in CAPITALS]
+    rows += [(f"Which continent is {country} in?", continent) for country, continent in CONTINENTS]
+    rows += [(f"What is the opposite of {word}?", opposite) for word, opposite in OPPOSITES]
+    rows += [(f"What color is {thing}?", colour) for thing, colour in COLOURS]
+    return tuple(rows)
+
+
+ALL_QUESTIONS = QUESTIONS + _generated_questions()
+
 
 def short_answer_samples() -> list[Sample]:
     """The dataset, in a fixed order (ids `sa-01`...): the same first N samples for every arm."""
     return [
         Sample(id=f"sa-{i:02d}", input=f"{INSTRUCTION} {question}", target=answer)
-        for i, (question, answer) in enumerate(QUESTIONS, start=1)
+        for i, (question, answer) in enumerate(ALL_QUESTIONS, start=1)
     ]
 
 

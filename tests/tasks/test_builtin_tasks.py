@@ -12,7 +12,17 @@ from inspect_ai.util import registry_info
 
 from steer_hydra.core import InputControl
 from steer_hydra.evaluation.provider import as_inspect_model
-from steer_hydra.tasks import INSTRUCTION_CHECKS, SMOKE_TASKS, instruction_following, mcqa, short_answer
+from steer_hydra.tasks import (
+    INSTRUCTION_CHECKS,
+    SMOKE_TASKS,
+    arithmetic,
+    concept_steering,
+    instruction_following,
+    mcqa,
+    short_answer,
+)
+from steer_hydra.tasks.arithmetic import arithmetic_samples
+from steer_hydra.tasks.concept_steering import concept_samples
 from steer_hydra.tasks.instruction_following import instruction_following_samples
 from steer_hydra.tasks.mcqa import mcqa_samples
 from steer_hydra.tasks.short_answer import short_answer_samples
@@ -43,21 +53,46 @@ def _eval(task, pipeline, **kwargs):
 
 def test_tasks_are_registered_under_the_package_name():
     assert [registry_info(t).name for t in (short_answer, mcqa, instruction_following)] == list(SMOKE_TASKS)
+    assert registry_info(arithmetic).name == "steer_hydra/arithmetic"
+    assert registry_info(concept_steering).name == "steer_hydra/concept_steering"
 
 
 @pytest.mark.parametrize(
     ("samples", "prefix"),
-    [(short_answer_samples, "sa-"), (mcqa_samples, "mc-"), (instruction_following_samples, "if-")],
+    [
+        (short_answer_samples, "sa-"),
+        (mcqa_samples, "mc-"),
+        (instruction_following_samples, "if-"),
+        (arithmetic_samples, "ar-"),
+        (concept_samples, "cs-"),
+    ],
 )
-def test_datasets_have_unique_ordered_ids(samples, prefix):
-    ids = [s.id for s in samples()]
-    assert len(ids) >= 12 and len(set(ids)) == len(ids) and ids == sorted(ids)
+def test_datasets_are_sized_for_statistics_with_fixed_ids(samples, prefix):
+    first, again = samples(), samples()
+    ids = [s.id for s in first]
+    assert len(ids) >= 60 and len(set(ids)) == len(ids) and ids == sorted(ids)
     assert all(i.startswith(prefix) for i in ids)
+    assert [(s.id, s.input, s.target) for s in again] == [(s.id, s.input, s.target) for s in first]
+    assert len({s.input for s in first}) == len(first)  # no duplicated prompt
 
 
-def test_mcqa_targets_are_valid_letters():
-    for sample in mcqa_samples():
-        assert len(sample.choices) == 4 and sample.target in "ABCD"
+def test_the_first_hand_written_samples_keep_their_ids():
+    assert short_answer_samples()[0].input == "Answer with one word only. What is the capital of France?"
+    assert mcqa_samples()[0].input == "Which city is the capital of France?" and mcqa_samples()[0].target == "B"
+    assert instruction_following_samples()[0].metadata["instruction"] == "Answer in lowercase letters only."
+
+
+def test_mcqa_targets_are_valid_letters_and_spread():
+    samples = mcqa_samples()
+    for sample in samples:
+        assert len(sample.choices) == 4 and sample.target in "ABCD" and len(set(sample.choices)) == 4
+    assert {s.target for s in samples} == set("ABCD")
+
+
+def test_arithmetic_targets_are_right():
+    for sample in arithmetic_samples():
+        expression = sample.input.removeprefix("What is ").split("?")[0].replace("times", "*")
+        assert str(eval(expression)) == sample.target  # noqa: S307 - our own generated digits
 
 
 def test_instruction_samples_carry_their_instruction_line_as_substrings():
@@ -77,6 +112,7 @@ def test_instruction_samples_carry_their_instruction_line_as_substrings():
         ("starts_with", "yes", "Yes, it is.", "It is, yes."),
         ("include_word", "blue", "The sky is Blue.", "The sky is bluer."),
         ("no_commas", "", "cat dog bird", "cat, dog"),
+        ("ends_with", "done", "All of it is done.", "Done, all of it."),
     ],
 )
 def test_instruction_checks(check, arg, good, bad):
@@ -96,7 +132,7 @@ def test_tasks_run_by_registry_name_on_the_tiny_model(make_pipeline, tmp_path):
     logs = [_eval(name, pipeline, limit=2, log_dir=str(tmp_path)) for name in SMOKE_TASKS]
     assert [log.status for log in logs] == ["success"] * 3
     assert [log.eval.task for log in logs] == list(SMOKE_TASKS)
-    assert [s.name for s in logs[1].results.scores] == ["choice"]
+    assert [s.name for s in logs[1].results.scores] == ["letter_or_option"]
     assert all(s.scores["instruction_checker"].value in ("C", "I") for s in logs[2].samples)
 
 

@@ -1,0 +1,235 @@
+"""`steer_hydra/concept_steering`: AxBench-style concept steering on neutral instructions, scored without a judge.
+
+The dataset is 132 neutral instructions (44 everyday subjects x 3 templates, ids `cs-001`...`cs-132`), none of
+which asks for the concept; a fixed seeded shuffle splits them into `dev` (60, for choosing a steering strength)
+and `test` (72, for reporting), disjoint by construction. A steering method succeeds when the answers bring in
+the concept while still answering the instruction, fluently. Four scorers, each in [0, 1] (AxBench rates each of
+the first three 0/1/2 with an LLM judge; here they are rules, so they are cheap, deterministic and offline):
+
+- `concept_score`: the concept's shipped lexicon (`LEXICONS`, word stems matched at word starts) - 0 for no
+  term, 0.5 for one distinct term, 1 for two or more;
+- `instruction_score`: relevance to the instruction - 1 when the answer names the instruction's subject (one of
+  its keywords), else 0;
+- `fluency_score`: 1 minus penalties for degenerate text - replacement characters (U+FFFD) or an empty answer
+  give 0; a low share of distinct word 3-grams (repetition loops) or a low share of letters lowers it;
+- `concept_harmonic`: the harmonic mean of the three (0 when any is 0), AxBench's aggregate.
+
+`degenerate` in the study's statistics is `fluency_score < 0.5`.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Callable
+
+from inspect_ai import Task
+from inspect_ai.dataset import MemoryDataset, Sample
+from inspect_ai.scorer import Score, Target, mean, scorer, stderr
+from inspect_ai.solver import TaskState
+
+from steer_hydra.tasks.registry import builtin_task
+
+# subject phrase, keywords that show the answer is about it
+SUBJECTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("bicycles", ("bicycle", "bike", "cycling", "pedal")),
+    ("the ocean", ("ocean", "sea", "marine", "wave")),
+    ("coffee", ("coffee", "caffeine", "espresso", "bean")),
+    ("volcanoes", ("volcano", "lava", "magma", "erupt")),
+    ("libraries", ("librar", "book", "reading")),
+    ("honeybees", ("bee", "honey", "hive", "pollen")),
+    ("trains", ("train", "rail", "locomotive", "station")),
+    ("the moon", ("moon", "lunar", "crater")),
+    ("chess", ("chess", "pawn", "king", "board")),
+    ("rain", ("rain", "water", "cloud", "storm")),
+    ("bread", ("bread", "flour", "dough", "bak")),
+    ("computers", ("computer", "software", "hardware", "processor")),
+    ("forests", ("forest", "tree", "wood")),
+    ("the desert", ("desert", "sand", "dune", "arid")),
+    ("bridges", ("bridge", "span", "river")),
+    ("cats", ("cat", "kitten", "feline")),
+    ("mountains", ("mountain", "peak", "summit", "climb")),
+    ("the piano", ("piano", "keys", "music")),
+    ("gardening", ("garden", "plant", "soil", "seed")),
+    ("the postal service", ("post", "mail", "letter", "parcel")),
+    ("electric cars", ("electric", "car", "batter", "vehicle")),
+    ("photography", ("photo", "camera", "lens", "picture")),
+    ("recycling", ("recycl", "waste", "plastic", "bin")),
+    ("the human heart", ("heart", "blood", "cardi")),
+    ("maps", ("map", "navigat", "direction")),
+    ("snow", ("snow", "winter", "cold", "ice")),
+    ("football", ("football", "soccer", "ball", "goal")),
+    ("clocks", ("clock", "time", "hour", "minute")),
+    ("the internet", ("internet", "online", "web", "network")),
+    ("tea", ("tea", "leaves", "brew", "cup")),
+    ("airplanes", ("airplane", "plane", "aircraft", "fly", "flight")),
+    ("dinosaurs", ("dinosaur", "fossil", "extinct")),
+    ("rivers", ("river", "water", "stream", "flow")),
+    ("swimming", ("swim", "pool", "water", "stroke")),
+    ("the night sky", ("sky", "star", "night", "planet")),
+    ("farming", ("farm", "crop", "harvest", "field")),
+    ("the kitchen", ("kitchen", "cook", "stove", "food")),
+    ("umbrellas", ("umbrella", "rain")),
+    ("elephants", ("elephant", "trunk", "tusk")),
+    ("newspapers", ("newspaper", "news", "article", "journalis")),
+    ("running shoes", ("shoe", "running", "sole", "foot")),
+    ("hospitals", ("hospital", "doctor", "nurse", "patient")),
+    ("birds", ("bird", "feather", "wing", "nest")),
+    ("the weather forecast", ("weather", "forecast", "rain", "temperature")),
+)
+
+TEMPLATES = (
+    "Write two sentences about {subject}.",
+    "Give me one interesting fact about {subject}.",
+    "Explain briefly why {subject} matter to people.",
+)
+
+DEV_SIZE = 60
+SPLITS = ("dev", "test", "all")
+
+# Concept lexicons: stems matched at the start of a word (lowercase). Shipped with the project, versioned with it.
+LEXICONS: dict[str, tuple[str, ...]] = {
+    "weddings": (
+        "wedding", "bride", "groom", "marri", "marry", "vow", "bridal", "bridesmaid", "newlywed", "honeymoon",
+        "engage", "fianc", "ceremon", "reception", "spouse", "husband", "wife", "veil", "bouquet", "altar",
+    ),
+    "joy": (
+        "joy", "happy", "happi", "delight", "wonderful", "love", "lovely", "amazing", "fantastic", "glorious",
+        "cheer", "thrill", "beautiful", "brilliant", "fabulous", "smile", "grateful", "bliss", "excit", "adore",
+    ),
+    "pirate": (
+        "arr", "matey", "ahoy", "ye", "hearty", "hearties", "avast", "landlubber", "scallywag", "doubloon",
+        "treasure", "pirate", "galleon", "captain", "cap'n", "grog", "plunder", "booty", "shiver", "jolly",
+    ),
+}  # fmt: skip
+
+_WORD = re.compile(r"[a-z']+")
+_REPLACEMENT = "\ufffd"
+
+
+def _ordered_items() -> list[tuple[str, str, tuple[str, ...]]]:
+    """`(id, instruction, subject keywords)` in id order."""
+    items = []
+    for t, template in enumerate(TEMPLATES):
+        for s, (subject, keywords) in enumerate(SUBJECTS):
+            number = t * len(SUBJECTS) + s + 1
+            items.append((f"cs-{number:03d}", template.format(subject=subject), keywords))
+    return items
+
+
+def split_ids(split: str) -> list[str]:
+    """Sample ids of a split: a fixed seeded shuffle of every id, the first `DEV_SIZE` are dev, the rest test."""
+    if split not in SPLITS:
+        raise ValueError(f"concept_steering: split must be one of {SPLITS}; got {split!r}.")
+    ids = [item[0] for item in _ordered_items()]
+    if split == "all":
+        return ids
+    shuffled = ids[:]
+    random.Random(14).shuffle(shuffled)
+    chosen = set(shuffled[:DEV_SIZE] if split == "dev" else shuffled[DEV_SIZE:])
+    return [i for i in ids if i in chosen]
+
+
+def concept_samples(concept: str = "weddings", split: str = "all") -> list[Sample]:
+    """The split's samples in id order; metadata holds the concept, the subject keywords and the split."""
+    if concept not in LEXICONS:
+        raise ValueError(f"concept_steering: concept must be one of {sorted(LEXICONS)}; got {concept!r}.")
+    chosen = set(split_ids(split))
+    dev = set(split_ids("dev"))
+    return [
+        Sample(
+            id=sample_id,
+            input=instruction,
+            target=concept,
+            metadata={
+                "concept": concept,
+                "keywords": list(keywords),
+                "split": "dev" if sample_id in dev else "test",
+                "runtime_kwargs": {"substrings": [instruction]},
+            },
+        )
+        for sample_id, instruction, keywords in _ordered_items()
+        if sample_id in chosen
+    ]
+
+
+# ---------------------------------------------------------------------------------------------- rule scorers
+def _words(text: str) -> list[str]:
+    return _WORD.findall(text.lower())
+
+
+def _has_stem(words: list[str], stem: str) -> bool:
+    return any(w.startswith(stem) for w in words)
+
+
+def concept_value(text: str, concept: str) -> float:
+    """0, 0.5 or 1: no lexicon term, one distinct term, two or more distinct terms of the concept."""
+    words = _words(text)
+    hits = sum(1 for stem in LEXICONS[concept] if (stem in words if len(stem) <= 3 else _has_stem(words, stem)))
+    return 0.0 if hits == 0 else 0.5 if hits == 1 else 1.0
+
+
+def instruction_value(text: str, keywords: list[str]) -> float:
+    """1 when the answer names the instruction's subject (a keyword stem), else 0."""
+    words = _words(text)
+    return 1.0 if any(_has_stem(words, k) for k in keywords) else 0.0
+
+
+def fluency_value(text: str) -> float:
+    """1 for clean text, lowered by repetition and non-letter noise; 0 for empty text or replacement characters."""
+    if _REPLACEMENT in text or not text.strip():
+        return 0.0
+    words = _words(text)
+    if not words:
+        return 0.0
+    score = 1.0
+    if len(words) >= 6:
+        grams = [tuple(words[i : i + 3]) for i in range(len(words) - 2)]
+        distinct = len(set(grams)) / len(grams)
+        score *= min(1.0, distinct / 0.8)  # loops repeat 3-grams: below 80% distinct costs proportionally
+    visible = [c for c in text if not c.isspace()]
+    letters = sum(c.isalpha() for c in visible) / len(visible)
+    score *= min(1.0, letters / 0.6)  # mostly digits or symbols is noise
+    return round(score, 4)
+
+
+def harmonic_value(values: list[float]) -> float:
+    """Harmonic mean, 0 when any value is 0 (AxBench's aggregate)."""
+    if any(v <= 0 for v in values):
+        return 0.0
+    return len(values) / sum(1.0 / v for v in values)
+
+
+def _rule_scorer(name: str, rule: Callable[[str, dict], float]):
+    @scorer(metrics=[mean(), stderr()], name=name)
+    def build():
+        async def score(state: TaskState, target: Target) -> Score:
+            text = state.output.completion
+            return Score(value=rule(text, state.metadata), answer=text)
+
+        return score
+
+    return build
+
+
+concept_score = _rule_scorer("concept_score", lambda text, meta: concept_value(text, meta["concept"]))
+instruction_score = _rule_scorer("instruction_score", lambda text, meta: instruction_value(text, meta["keywords"]))
+fluency_score = _rule_scorer("fluency_score", lambda text, meta: fluency_value(text))
+concept_harmonic = _rule_scorer(
+    "concept_harmonic",
+    lambda text, meta: harmonic_value(
+        [concept_value(text, meta["concept"]), instruction_value(text, meta["keywords"]), fluency_value(text)]
+    ),
+)
+
+
+@builtin_task
+def concept_steering(concept: str = "weddings", split: str = "all", runtime_kwargs_key: str = "runtime_kwargs") -> Task:
+    """Neutral instructions; concept, instruction-relevance, fluency and harmonic scores (see the module)."""
+    from steer_hydra.evaluation.solvers import runtime_kwargs_solver
+
+    return Task(
+        dataset=MemoryDataset(concept_samples(concept, split), name=f"concept_steering_{concept}_{split}"),
+        solver=[runtime_kwargs_solver(key=runtime_kwargs_key)],
+        scorer=[concept_score(), instruction_score(), fluency_score(), concept_harmonic()],
+    )
