@@ -16,8 +16,12 @@ os.environ.setdefault("INSPECT_DISPLAY", "none")
 
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Tiny checkpoints built by references go to a per-session cache, not the user's home."""
-    os.environ["STEER_HYDRA_CACHE"] = str(tmp_path_factory.mktemp("steer_hydra_cache"))
+    """Checkpoints built by references go to a per-session cache, not the user's home.
+
+    `STEER_HYDRA_TEST_CACHE` names a shared one instead (CI: the main and the vLLM sessions convert SmolLM2 once).
+    """
+    shared = os.environ.get("STEER_HYDRA_TEST_CACHE")
+    os.environ["STEER_HYDRA_CACHE"] = shared or str(tmp_path_factory.mktemp("steer_hydra_cache"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

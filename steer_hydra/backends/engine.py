@@ -6,9 +6,10 @@ engine returns candidate token ids that come back as a right-padded `[rows * n, 
 prompt. Subclasses implement `_open` (boot the engine or connect to the server), `_complete` (run one list of
 requests) and `_close`.
 
-What it can do is what it advertises: sampled rollouts (best-of-n) and serving a checkpoint. It cannot run
-hooks, attention edits, live logits processors or stopping criteria, hidden-state capture, or beam proposals;
-`SteeringPipeline.check()` refuses controls that need them before anything loads.
+What it can do is what it advertises: sampled rollouts (best-of-n) and serving a checkpoint, plus layer-vector
+state controls (CAA, ActAdd with a given vector) lowered into the engine per request (`vllm_steering`). It cannot
+run other hooks, attention edits, live logits processors or stopping criteria, hidden-state capture, or beam
+proposals; `SteeringPipeline.check()` refuses controls that need them before anything loads.
 """
 
 from __future__ import annotations

@@ -18,6 +18,9 @@ The table (strict: a generation kwarg without a row here raises, naming it):
 | `stop_token_ids` | `stop_token_ids` | |
 | `seed` (+ `seed_scope`) | `seed` per row | the item seeds of the pipeline; `seed_scope` is inert |
 | `extra` | (none) | refused: name the key, use backend=huggingface |
+
+State controls lowered to the engine (CAA, ActAdd with a given vector) add `vllm_xargs` (offline: the
+`SamplingParams.extra_args`) and a `cache_salt` per row: see `steer_hydra.backends.vllm_steering`.
 """
 
 from __future__ import annotations
