@@ -220,8 +220,15 @@ def decoder_layers(model: torch.nn.Module, expected: int | None) -> torch.nn.Mod
     return max(found, key=lambda item: len(item[1]))[1]
 
 
-def install(runner: Any) -> SteeringHooks:
-    """Put the steering hooks on the runner's model (eager mode) once; returns them (also kept on the model)."""
+def install(runner: Any) -> SteeringHooks | None:
+    """Put the steering hooks on the runner's model (eager mode) once; returns them (also kept on the model).
+
+    Returns None, hooking nothing, for a runner without the V1 persistent batch this reads.
+    """
+    missing = [name for name in ("input_batch", "query_start_loc", "requests") if not hasattr(runner, name)]
+    if missing:  # another model runner (e.g. vLLM's V2): leave it alone; the client's probe reports no steering
+        logger.warning("steer_hydra steering: %s has no %s; steering is off.", type(runner).__name__, missing)
+        return None
     model = runner.get_model() if hasattr(runner, "get_model") else runner.model
     existing = getattr(model, _MARK, None)
     if existing is not None:  # hooked already (a reload): follow the current runner

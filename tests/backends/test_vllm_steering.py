@@ -213,3 +213,9 @@ def test_the_plugin_is_inert_without_the_env_flag(monkeypatch):
     monkeypatch.delenv("STEER_HYDRA_VLLM_STEERING", raising=False)
     monkeypatch.setitem(__import__("sys").modules, "vllm", None)  # would raise if register() imported it
     assert vllm_plugin.register() is None
+
+
+def test_a_runner_without_the_persistent_batch_is_left_alone(toy):
+    runner = types.SimpleNamespace(get_model=lambda: toy)
+    assert install(runner) is None
+    assert not toy._forward_pre_hooks and not any(layer._forward_hooks for layer in toy.layers)
