@@ -64,14 +64,20 @@ def _rows(pipeline: SteeringPipeline, steered: bool) -> list[list[int]]:
     return [strip_trailing(o.output_ids[0].tolist(), pipeline.tokenizer.pad_token_id)[0] for o in outputs]
 
 
-@pytest.mark.parametrize("steered", [False, True], ids=["unsteered", "caa"])
-def test_smollm2_greedy_rows_agree_with_hugging_face(hf, engine, steered, record_property):
+@pytest.fixture(scope="module")
+def unsteered(hf, engine):
+    return {"hf": _rows(hf, False), "vllm": _rows(engine, False)}
+
+
+def test_smollm2_greedy_rows_agree_with_hugging_face(unsteered, record_property):
+    assert agreement("smollm2 unsteered", unsteered["hf"], unsteered["vllm"], record_property) >= MIN_AGREEMENT
+
+
+def test_smollm2_caa_rows_agree_with_hugging_face_at_the_same_layer(hf, engine, unsteered, record_property):
     assert hf.state_controls[0].layer == engine.state_controls[0].layer == LAYER
-    expected, served = _rows(hf, steered), _rows(engine, steered)
-    name = f"smollm2 {'caa' if steered else 'unsteered'}"
-    assert agreement(name, expected, served, record_property) >= MIN_AGREEMENT
-    if steered:
-        assert served != _rows(engine, False)  # the vector changes SmolLM2's answers inside the engine
+    expected, served = _rows(hf, True), _rows(engine, True)
+    assert agreement("smollm2 caa", expected, served, record_property) >= MIN_AGREEMENT
+    assert served != unsteered["vllm"]  # the vector changes SmolLM2's answers inside the engine
 
 
 def test_smollm2_short_answer_scores_like_hugging_face(hf, engine, tmp_path, record_property):
