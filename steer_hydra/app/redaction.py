@@ -58,7 +58,7 @@ def write_atomic(path: Path, text: str) -> None:
 def install_log_redaction(redactor: Redactor) -> None:
     """Redact `redactor`'s secrets from every log record created from now on in this process (idempotent)."""
     global _BASE_FACTORY
-    if not redactor:
+    if not redactor or any(r.pairs == redactor.pairs and r.values == redactor.values for r in _LOG_REDACTORS):
         return
     _LOG_REDACTORS.append(redactor)
     if _BASE_FACTORY is not None:
