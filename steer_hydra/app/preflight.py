@@ -311,7 +311,9 @@ def _unreachable(base_url: str) -> str | None:
 
 # ---------------------------------------------------------------------------------------------- model
 def _hub_offline() -> bool:
-    return any(os.environ.get(v, "").upper() in ("1", "ON", "YES", "TRUE") for v in ("HF_HUB_OFFLINE",))
+    return any(
+        os.environ.get(v, "").upper() in ("1", "ON", "YES", "TRUE") for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
 
 
 def _looks_local(ref: str) -> bool:
@@ -347,7 +349,8 @@ def check_model(plain: Mapping[str, Any]) -> list[str]:
         return []
     if _hub_offline():
         return [
-            f"{where}={ref!r} is not a local folder and not in the Hugging Face cache, and HF_HUB_OFFLINE=1 forbids "
+            f"{where}={ref!r} is not a local folder and not in the Hugging Face cache, and HF_HUB_OFFLINE=1 (or "
+            "TRANSFORMERS_OFFLINE=1) forbids "
             "downloading it. Fix: download it once with network (hf download " + ref + "), unset HF_HUB_OFFLINE, "
             "or point model.model_name_or_path at a local folder."
         ]

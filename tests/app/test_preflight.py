@@ -145,6 +145,7 @@ def test_hub_id_online_is_looked_up_with_a_bounded_timeout(compose_cfg, monkeypa
         raise OSError("network is unreachable")
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
     monkeypatch.setattr(HfApi, "model_info", unreachable)
     with pytest.raises(ConfigError, match=r"not cached locally and the Hub did not answer within 5s \(OSError\)"):
         preflight(compose_cfg(["model.model_name_or_path=made-up-org/made-up-model-xyz"]))
