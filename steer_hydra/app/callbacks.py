@@ -144,7 +144,7 @@ def aggregate_sweep(records: Sequence[dict[str, Any]], out_dir: Path) -> dict[st
 
 def aggregate_sweep_dir(sweep_dir: str | Path, config: DictConfig, *, track: bool = True) -> dict[str, Any] | None:
     """Aggregate the sweep in `sweep_dir` (its `config` as in `multirun.yaml`): finished jobs, missing cells, W&B."""
-    sweep_dir = Path(sweep_dir)
+    sweep_dir = Path(sweep_dir).absolute()
     records = job_records(sweep_dir)
     missing = missing_jobs(config, records, sweep_dir)
     out_dir = sweep_dir / AGGREGATE_DIR

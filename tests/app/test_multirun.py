@@ -1,9 +1,13 @@
-"""Sweeps: one job per override combination, aggregation against the baseline, resume, and submitit_local."""
+"""Sweeps: one job per override combination, aggregation against the baseline, resume, submitit_local, a killed
+job (the aggregate of the rest names it), and re-aggregation from the sweep directory."""
 
 from __future__ import annotations
 
 import csv
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -39,12 +43,15 @@ def _check_sweep(sweep: Path) -> list[dict]:
         "steer_hydra/mcqa",
         "steer_hydra/instruction_following",
     }
-    assert all(r["pipeline"] == "pasta" and r["seeds"] == "1,2" and int(r["n"]) == 2 for r in deltas)
+    pasta_id = next(r["config_id"] for r in records if r["arm"] == "pasta")
+    assert all(r["arm"] == "pasta" and r["config_id"] == pasta_id for r in deltas)
+    assert all(r["seeds"] == "1,2" and int(r["n"]) == 2 for r in deltas)
     assert all(int(r["n_trials"]) == 2 for r in deltas)  # both seeds pooled per sample
     assert (sweep / "aggregate" / "summary.csv").exists() and (sweep / "aggregate" / "paired_deltas.png").exists()
     (summary_run,) = (sweep / "aggregate" / "wandb").glob("offline-run-*")
     config, summary = read_run(next(summary_run.glob("run-*.wandb")))
     assert summary["jobs"] == 4 and any(k.startswith("delta/tiny/pasta/smoke/") for k in summary)
+    assert json.loads((sweep / "aggregate" / "missing_cells.json").read_text()) == []
     return records
 
 
@@ -75,3 +82,52 @@ def test_multirun_with_submitit_local_runs_each_job_in_its_own_process(run_app, 
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = _check_sweep(_sweep_dir(tmp_path))
     assert len({r["memory_after_release"]["pid"] for r in records}) == 4  # own processes, own output dirs
+
+
+KILLER = """
+import os
+import signal
+
+from steer_hydra.core import InputControl
+
+
+class Killer(InputControl):
+    supports_batching = True
+
+    def steer(self, model, tokenizer=None, **kwargs):
+        os.kill(os.getpid(), signal.SIGKILL)  # the job dies as an out-of-memory kill or a node failure would
+"""
+
+
+@pytest.mark.slow
+def test_a_killed_job_leaves_an_aggregate_of_the_rest_that_names_it(run_app, tmp_path):
+    conf = tmp_path / "user_conf" / "arm"
+    conf.mkdir(parents=True)
+    (conf / "killer.yaml").write_text(
+        "# @package arm\nname: killer\ncontrols:\n  k:\n    _target_: killer_control.Killer\n"
+    )
+    (tmp_path / "killer_control.py").write_text(KILLER)
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    args = ["--multirun", "arm=baseline,pasta,killer", "seed=1", *FAST, "hydra/launcher=submitit_local"]
+    searchpath = f"hydra.searchpath=[file://{tmp_path / 'user_conf'}]"
+    proc = run_app(*args, searchpath, env=env, timeout=600)
+    assert proc.returncode != 0
+    sweep = _sweep_dir(tmp_path)
+    deltas = list(csv.DictReader((sweep / "aggregate" / "paired_deltas.csv").open()))
+    assert deltas and {r["arm"] for r in deltas} == {"pasta"}
+    (missing,) = json.loads((sweep / "aggregate" / "missing_cells.json").read_text())
+    assert missing["job"] == 2 and "arm=killer" in missing["overrides"] and "seed=1" in missing["overrides"]
+    assert missing["command"].startswith("python -m steer_hydra ") and "arm=killer" in missing["command"]
+    assert f"hydra.run.dir={sweep / '2_rerun'}" in missing["command"] and "hydra.searchpath" in missing["command"]
+    assert "arm=killer" in proc.stderr  # the console names the missing cell and its command
+
+    (sweep / "aggregate" / "paired_deltas.csv").unlink()
+    again = subprocess.run(
+        [sys.executable, "-m", "steer_hydra.aggregate", str(sweep), "--no-tracking"],
+        env={**os.environ, **env, "WANDB_MODE": "offline"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert again.returncode == 1, again.stderr[-2000:]  # re-aggregated, still one job missing
+    assert "arm=killer" in again.stderr and (sweep / "aggregate" / "paired_deltas.csv").exists()
