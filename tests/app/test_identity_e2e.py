@@ -9,6 +9,7 @@ import pytest
 from app_helpers import FAST, read_run
 
 from steer_hydra.app import job as job_module
+from steer_hydra.app.callbacks import aggregate_sweep
 from steer_hydra.app.plan import JobPlan
 
 PASTAS = [
@@ -76,3 +77,13 @@ def test_three_pasta_configurations_in_one_save_dir_keep_their_own_results(compo
         assert summary["config_id"] == record["config_id"] and summary["arm"] == record["arm"]
     configs = {p.stem for p in (tmp_path / "default" / "tiny" / "seed_0" / "configs").glob("*.json")}
     assert configs == {*ids, "baseline"}
+
+    # a sweep's aggregate holds the sweep's configurations (+ the baseline), not the others in the save_dir
+    base_record = json.loads((tmp_path / "job_base" / "job_record.json").read_text())
+    only_baseline = aggregate_sweep([base_record], tmp_path / "agg_base")
+    assert only_baseline["deltas"].empty
+    one = aggregate_sweep([base_record, records[1]], tmp_path / "agg_one")
+    assert set(one["deltas"]["config_id"]) == {ids[1]} and set(one["deltas"]["arm"]) == {records[1]["arm"]}
+    assert set(one["summary"]["config_id"]) == {"baseline", ids[1]}
+    without_base = aggregate_sweep([records[2]], tmp_path / "agg_two")  # baseline from the same save_dir
+    assert set(without_base["deltas"]["config_id"]) == {ids[2]}
