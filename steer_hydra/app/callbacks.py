@@ -26,7 +26,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from steer_hydra.app.analysis import app_columns, deltas_for, plot_job, pooled_samples, tasks_without_baseline
-from steer_hydra.app.files import atomic_write_text, read_json, write_json
+from steer_hydra.app.files import read_json, write_csv, write_json
 from steer_hydra.app.job import JOB_RECORD
 from steer_hydra.app.plan import arm_names, to_plain
 from steer_hydra.app.secrets import redact_overrides
@@ -130,11 +130,11 @@ def aggregate_sweep(records: Sequence[dict[str, Any]], out_dir: Path) -> dict[st
         if not metrics.empty
         else metrics
     )
-    atomic_write_text(out_dir / "summary.csv", summary.to_csv(index=False))
+    write_csv(summary, out_dir / "summary.csv")
     deltas = pd.concat(all_deltas, ignore_index=True) if all_deltas else pd.DataFrame()
     paths: dict[str, Path] = {"summary": out_dir / "summary.csv"}
     if not deltas.empty:
-        atomic_write_text(out_dir / "paired_deltas.csv", deltas.to_csv(index=False))
+        write_csv(deltas, out_dir / "paired_deltas.csv")
         paths["paired_deltas"] = out_dir / "paired_deltas.csv"
         parts = metrics["metric"].str.rsplit("/", n=3, expand=True)
         results = metrics.assign(suite=parts[0], task=parts[1], scorer=parts[2], metric=parts[3])

@@ -9,6 +9,7 @@ local and NFS-v4 filesystems).
 from __future__ import annotations
 
 import contextlib
+import csv
 import fcntl
 import json
 import os
@@ -17,6 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Write `text` to `path` atomically: a temporary file in the same directory, fsynced, then `os.replace`."""
@@ -24,7 +27,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
@@ -33,6 +36,12 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def write_csv(frame: pd.DataFrame, path: str | os.PathLike) -> None:
+    """Write `frame` as CSV atomically, every string quoted, so any text (`\\r`, NUL, quotes, emoji) round-trips
+    through `pandas.read_csv(path, keep_default_na=False)` or `csv.reader(open(path, newline=""))`."""
+    atomic_write_text(path, frame.to_csv(index=False, quoting=csv.QUOTE_NONNUMERIC))
 
 
 def write_json(path: str | os.PathLike, value: Any) -> None:

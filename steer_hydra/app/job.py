@@ -33,7 +33,7 @@ from steer_hydra.app.analysis import (
     task_samples,
     tasks_without_baseline,
 )
-from steer_hydra.app.files import write_json
+from steer_hydra.app.files import write_csv, write_json
 from steer_hydra.app.plan import JobPlan, arm_names, to_plain
 from steer_hydra.app.secrets import redact, redact_overrides
 from steer_hydra.app.tracking import Tracker
@@ -119,10 +119,10 @@ def run_job(cfg: DictConfig, output_dir: str | Path) -> float:
             plan.release_claim()  # removes the claim when the job failed before any log of the suite exists
         reused = bool(records) and all(r["provenance"].get("reused") for r in records)
         results = app_columns(runner.results(), seed=plan.seed)
-        results.to_csv(output_dir / "results.csv", index=False)
+        write_csv(results, output_dir / "results.csv")
         own_cells = cells_frame({plan.arm: records})
         samples = app_columns(long_samples(task_samples(own_cells, plan.save_dir, include_text=True)), seed=plan.seed)
-        samples.to_csv(output_dir / "samples.csv", index=False)
+        write_csv(samples, output_dir / "samples.csv")
 
         # paired deltas against the baseline (evaluated earlier into the same save_dir, or by this job): exactly
         # these two configurations, selected by config_id
@@ -144,7 +144,7 @@ def run_job(cfg: DictConfig, output_dir: str | Path) -> float:
         deltas = pd.DataFrame() if is_baseline else deltas_for(task_samples(compared, plan.save_dir), ids[1])
         deltas = app_columns(deltas, seed=plan.seed) if not deltas.empty else deltas
         if not deltas.empty:
-            deltas.to_csv(output_dir / "paired_deltas.csv", index=False)
+            write_csv(deltas, output_dir / "paired_deltas.csv")
         compared_results = results_from_logs(plan.save_dir, names, config_ids=ids)
         plots = plot_job(compared_results[compared_results["suite"] == plan.suite.name], deltas, output_dir)
 
