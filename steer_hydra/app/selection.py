@@ -1,0 +1,202 @@
+"""Held-out strength selection (AxBench's protocol): choose each arm's strength on dev, report it on test.
+
+How it runs: a study evaluates every (arm, strength) on both splits of a task whose samples carry a `split`
+(the built-in `concept_steering`). `select_strengths(dev, objective)` sees only dev rows (it refuses any other
+split) and picks, per arm, the strength with the best mean objective (ties go to the smaller strength). Sanity
+arms (`caa_random`, `caa_negated`) are not tuned: `follows` maps them to the arm whose choice they take, so a
+control is compared at the strength its method was chosen at. `report_selected(test, choices, ...)` keeps each
+arm's test rows at its chosen strength and computes the statistics of `evaluation.stats` against the baseline.
+`study_frame(save_dir)` builds the per-sample frame from a study's logs; `write_study` writes
+`selection.csv`, `study_results.csv` and `selection.json` (the objective, the choices and both splits' sample
+ids: the provenance of the choice).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from steer_hydra.evaluation.stats import arm_statistics, per_sample_means
+
+logger = logging.getLogger(__name__)
+
+STRENGTH_KEYS = ("multiplier", "alpha")
+
+
+@dataclass(frozen=True, slots=True)
+class Objective:
+    """What "best" means on dev: the mean of `metric` (higher is better unless `maximize=False`)."""
+
+    metric: str = "concept_harmonic"
+    maximize: bool = True
+
+
+def select_strengths(
+    dev: pd.DataFrame, objective: Objective, *, follows: Mapping[str, str] | None = None
+) -> pd.DataFrame:
+    """Per arm: the strength with the best dev objective. Columns `arm, strength, objective, candidates, source`.
+
+    `dev` holds per-sample rows with `pipeline` (the arm), `strength`, `config_id`, `sample_id`, `split` and the
+    objective's column; every row must be a dev row. Arms in `follows` take the strength chosen for the arm
+    they follow (`source` says which); arms without a strength (baseline, prompts) get NaN.
+    """
+    if "split" not in dev or not (dev["split"] == "dev").all():
+        splits = sorted(map(str, dev["split"].unique())) if "split" in dev else ["<no split column>"]
+        raise ValueError(f"select_strengths reads dev rows only; got split(s) {splits}. Fix: pass frame[split=='dev'].")
+    if objective.metric not in dev:
+        raise KeyError(f"select_strengths: objective metric {objective.metric!r} is not a column of the dev frame.")
+    follows = dict(follows or {})
+    rows: dict[str, dict[str, Any]] = {}
+    for arm, frame in dev.groupby("pipeline", sort=True):
+        if arm in follows:
+            continue
+        swept = frame.dropna(subset=["strength"])
+        if swept.empty:
+            rows[arm] = {"arm": arm, "strength": math.nan, "objective": math.nan, "candidates": 0, "source": arm}
+            continue
+        means = per_sample_means(swept, objective.metric, keys=("strength", "sample_id"))
+        by_strength = means.groupby("strength", sort=True)[objective.metric].mean()
+        best = by_strength.max() if objective.maximize else by_strength.min()
+        chosen = _smallest(by_strength, best)
+        rows[arm] = {
+            "arm": arm,
+            "strength": chosen,
+            "objective": float(best),
+            "candidates": len(by_strength),
+            "source": arm,
+        }
+    for arm, parent in follows.items():
+        if parent not in rows:
+            raise ValueError(f"select_strengths: {arm!r} follows {parent!r}, which has no dev rows.")
+        rows[arm] = {**rows[parent], "arm": arm, "objective": math.nan, "candidates": 0, "source": parent}
+    return pd.DataFrame(list(rows.values()), columns=["arm", "strength", "objective", "candidates", "source"])
+
+
+def _smallest(by_strength: pd.Series, best: float) -> float:
+    """The strength of smallest magnitude among those reaching `best` (the gentlest intervention wins a tie)."""
+    tied = [float(s) for s, v in by_strength.items() if v == best]
+    return min(tied, key=abs)
+
+
+def report_selected(
+    test: pd.DataFrame,
+    choices: pd.DataFrame,
+    scores: Sequence[str],
+    *,
+    baseline: str = "baseline",
+    fluency: str | None = "fluency_score",
+    n_resamples: int = 10_000,
+) -> pd.DataFrame:
+    """Statistics on test of each arm at its chosen strength (arms without a strength as they are)."""
+    if "split" in test and not (test["split"] == "test").all():
+        raise ValueError("report_selected reads test rows only. Fix: pass frame[split=='test'].")
+    chosen = dict(zip(choices["arm"], choices["strength"], strict=True))
+    keep = []
+    for arm, frame in test.groupby("pipeline", sort=True):
+        strength = chosen.get(arm, math.nan)
+        if arm == baseline or strength is None or (isinstance(strength, float) and math.isnan(strength)):
+            keep.append(frame if frame["strength"].isna().all() else frame[frame["strength"].isna()])
+        else:
+            keep.append(frame[frame["strength"] == strength])
+    selected = pd.concat(keep, ignore_index=True)
+    base_ids = sorted(selected.loc[selected["pipeline"] == baseline, "config_id"].unique())
+    if len(base_ids) != 1:
+        raise ValueError(f"report_selected: the baseline {baseline!r} must be one configuration; got {base_ids}.")
+    stats = arm_statistics(
+        selected,
+        list(scores),
+        baseline_config=base_ids[0],
+        fluency=fluency if fluency in selected else None,
+        n_resamples=n_resamples,
+    )
+    strengths = selected.groupby("config_id")["strength"].first()
+    return stats.assign(strength=stats["config_id"].map(strengths)).rename(columns={"pipeline": "arm"})
+
+
+# ---------------------------------------------------------------------------------------- reading a study
+def strength_of(controls: Any) -> float | None:
+    """The steering strength of a configuration's canonical controls: the first `multiplier` (or `alpha`) found."""
+    if isinstance(controls, Mapping):
+        for key in STRENGTH_KEYS:
+            value = controls.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return float(value)
+        for value in controls.values():
+            found = strength_of(value)
+            if found is not None:
+                return found
+    elif isinstance(controls, (list, tuple)):
+        for value in controls:
+            found = strength_of(value)
+            if found is not None:
+                return found
+    return None
+
+
+def study_frame(save_dir: str | Path, *, split_of: Mapping[str, str], swept: Sequence[str] = ()) -> pd.DataFrame:
+    """Per-sample rows of every configuration in `save_dir`, with `strength` (for arms in `swept`) and `split`.
+
+    `split_of` maps sample ids to their split (`concept_steering.split_ids`); samples of other tasks get the
+    split `other`.
+    """
+    from steer_hydra.app.analysis import task_samples
+    from steer_hydra.app.plan import arm_names
+    from steer_hydra.evaluation.frames import results_from_logs
+
+    save_dir = Path(save_dir)
+    results = results_from_logs(save_dir, arm_names(save_dir))
+    frames = [f for f in task_samples(results, save_dir, include_text=True) if not f.empty]
+    if not frames:
+        raise ValueError(f"study_frame: no evaluated samples under {save_dir}.")
+    samples = pd.concat(frames, ignore_index=True)
+    strengths = {}
+    for path in sorted((save_dir / "configs").glob("*.json")):
+        record = json.loads(path.read_text())
+        if record["arm"] in swept:
+            strengths[record["config_id"]] = strength_of(record.get("controls"))
+    return samples.assign(
+        strength=samples["config_id"].map(strengths).astype(float),
+        split=samples["sample_id"].map(lambda i: split_of.get(str(i), "other")),
+    )
+
+
+def write_study(
+    samples: pd.DataFrame,
+    out_dir: str | Path,
+    *,
+    objective: Objective,
+    scores: Sequence[str],
+    follows: Mapping[str, str] | None = None,
+    baseline: str = "baseline",
+    task: str | None = None,
+) -> dict[str, Any]:
+    """Select on dev, report on test; write `selection.csv`, `study_results.csv`, `selection.json`."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    frame = samples if task is None else samples[samples["task"] == task]
+    dev, test = frame[frame["split"] == "dev"], frame[frame["split"] == "test"]
+    choices = select_strengths(dev, objective, follows=follows)
+    results = report_selected(test, choices, scores, baseline=baseline)
+    choices.to_csv(out_dir / "selection.csv", index=False)
+    results.to_csv(out_dir / "study_results.csv", index=False)
+    provenance = {
+        "objective": asdict(objective),
+        "follows": dict(follows or {}),
+        "choices": choices.to_dict(orient="records"),
+        "dev_sample_ids": sorted(map(str, dev["sample_id"].unique())),
+        "test_sample_ids": sorted(map(str, test["sample_id"].unique())),
+    }
+    (out_dir / "selection.json").write_text(json.dumps(provenance, indent=1, default=str))
+    logger.info("Strength selection on %d dev samples; results on %d test samples in %s", *_sizes(dev, test), out_dir)
+    return {"choices": choices, "results": results, "provenance": provenance}
+
+
+def _sizes(dev: pd.DataFrame, test: pd.DataFrame) -> tuple[int, int]:
+    return dev["sample_id"].nunique(), test["sample_id"].nunique()
