@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from steer_hydra.controls.state.layer_vector import LayerVectorControl
+from steer_hydra.controls.state.layer_vector import LayerVectorArgs, LayerVectorControl
 from steer_hydra.controls.state.residual import (
     capture_layer,
     input_hidden,
@@ -30,7 +30,7 @@ from steer_hydra.controls.state.residual import (
     with_input_hidden,
 )
 from steer_hydra.controls.state.vectors import SteeringVector
-from steer_hydra.core.controls import BaseArgs, HookSet
+from steer_hydra.core.controls import HookSet
 from steer_hydra.core.layout import ModelLayout
 
 logger = logging.getLogger(__name__)
@@ -49,10 +49,12 @@ class ActAdd(LayerVectorControl):
         multiplier: the injection coefficient (the paper's c).
         alignment: position of the block's first row in each prompt (0 aligns a BOS with a BOS).
         normalize_vector: unit norm per position. use_norm_preservation: keep each steered state's norm.
+        direction, direction_seed, strength_unit: sanity arms and strength units (see `layer_vector`); the
+            median norm is that of the layer's input over both prompts' tokens after the first.
     """
 
     @dataclass(frozen=True)
-    class Args(BaseArgs):
+    class Args(LayerVectorArgs):
         steering_vector: SteeringVector | torch.Tensor | str | os.PathLike | None = None
         positive_prompt: str | None = None
         negative_prompt: str | None = None
@@ -63,6 +65,7 @@ class ActAdd(LayerVectorControl):
         use_norm_preservation: bool = False
 
         def validate(self) -> None:
+            super().validate()
             prompts = (self.positive_prompt, self.negative_prompt)
             if self.steering_vector is not None and any(p is not None for p in prompts):
                 raise ValueError("ActAdd takes either steering_vector= or positive_prompt=/negative_prompt=, not both.")
@@ -143,7 +146,9 @@ def fit_positional_difference(
     ids = torch.tensor(rows, dtype=torch.long)
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     (hidden,) = capture_layer(model, layout.layer_path(layer), [batch], boundary="input", reduce=lambda h, m: h)
+    tail = hidden[:, 1:] if hidden.shape[1] > 1 else hidden  # position 0 is an attention sink, far larger
     metadata = {
+        "median_norm": float(tail.norm(dim=-1).median()),
         "method": "actadd",
         "location": "layer_input",
         "positive_prompt": positive,

@@ -1,10 +1,15 @@
 """CAA (Panickssery et al. 2023): add `multiplier * v` to one decoder layer's output after the prompt.
 
 The steering vector is given (a `SteeringVector`, a tensor, or the path of a saved vector) or fitted at
-`steer()` on the live model from contrastive pairs: the mean difference of the layer's output at the last
-(answer) token between positive and negative completions. At generate time a forward pre-hook on the layer
-reads how many positions its KV cache already holds (the absolute column of the first hidden state in this
-forward) and a forward hook adds the vector to the positions in the token scope:
+`steer()` on the live model from contrastive pairs: the mean difference of the layer's output between positive
+and negative completions, taken at the last (answer) token (`accumulate="last_token"`, the paper's A/B setting)
+or averaged over the completion tokens only (`accumulate="completion"`: the answer's tokens after the prompt,
+never the first position, whose activation is an attention sink ~30x the median norm on SmolLM2). Fitting also
+records the median residual norm at the layer over those tokens (`strength_unit="median_norm"`).
+
+At generate time a forward pre-hook on the layer reads how many positions its KV cache already holds (the
+absolute column of the first hidden state in this forward) and a forward hook adds the vector to the positions
+in the token scope:
 - `after_prompt`: columns >= the padded prompt length (no prompt position; every generated token);
 - `all`: every column; `last_k`: columns >= prompt length - `last_k` (the prompt's last k tokens and after).
 Rows are left-packed, so one column threshold is right for every row of a batch.
@@ -21,7 +26,7 @@ from typing import Any, Literal
 
 import torch
 
-from steer_hydra.controls.state.layer_vector import LayerVectorControl
+from steer_hydra.controls.state.layer_vector import LayerVectorArgs, LayerVectorControl
 from steer_hydra.controls.state.residual import (
     capture_layer,
     output_hidden,
@@ -30,7 +35,7 @@ from steer_hydra.controls.state.residual import (
     with_output_hidden,
 )
 from steer_hydra.controls.state.vectors import SteeringVector
-from steer_hydra.core.controls import BaseArgs, HookSet
+from steer_hydra.core.controls import HookSet
 from steer_hydra.core.layout import ModelLayout
 from steer_hydra.core.pipeline import pad_left
 from steer_hydra.core.rendering import has_chat_template
@@ -56,11 +61,13 @@ class CAA(LayerVectorControl):
         use_norm_preservation: rescale each steered hidden state back to its original norm.
         prompt_format: `chat` renders a pair's prompt with the chat template (when the tokenizer has one),
             `text` concatenates prompt and answer.
+        accumulate: `last_token` (the answer's last token) or `completion` (mean over the answer's tokens).
         batch_size: pairs per forward when fitting.
+        direction, direction_seed, strength_unit: sanity arms and strength units (see `layer_vector`).
     """
 
     @dataclass(frozen=True)
-    class Args(BaseArgs):
+    class Args(LayerVectorArgs):
         steering_vector: SteeringVector | torch.Tensor | str | os.PathLike | None = None
         data: Sequence[Mapping[str, Any]] | None = None
         layer_id: int | None = None
@@ -70,9 +77,11 @@ class CAA(LayerVectorControl):
         normalize_vector: bool = False
         use_norm_preservation: bool = False
         prompt_format: Literal["chat", "text"] = "chat"
+        accumulate: Literal["last_token", "completion"] = "last_token"
         batch_size: int = 8
 
         def validate(self) -> None:
+            super().validate()
             if (self.steering_vector is None) == (self.data is None):
                 raise ValueError(
                     "CAA needs exactly one of steering_vector= (a vector or a saved file) and data= (contrastive "
@@ -104,7 +113,9 @@ class CAA(LayerVectorControl):
         return None
 
     def _fit(self, model: torch.nn.Module, tokenizer: Any, layout: ModelLayout, layer: int) -> SteeringVector:
-        return fit_mean_difference(model, tokenizer, layout, layer, self.data, self.prompt_format, self.batch_size)
+        return fit_mean_difference(
+            model, tokenizer, layout, layer, self.data, self.prompt_format, self.batch_size, self.accumulate
+        )
 
     # ------------------------------------------------------------------ per call
     def get_hooks(self, input_ids: torch.Tensor, runtime_kwargs: Mapping[str, Any], **kwargs: Any) -> HookSet:
@@ -171,15 +182,24 @@ def validate_pairs(pairs: Sequence[Mapping[str, Any]], field_name: str) -> None:
 
 def render_pair_side(tokenizer: Any, pair: Mapping[str, Any], side: str, prompt_format: str) -> list[int]:
     """Token ids of one side of a pair: the prompt (chat-templated when asked and possible) plus the answer."""
+    return render_pair_split(tokenizer, pair, side, prompt_format)[0]
+
+
+def render_pair_split(tokenizer: Any, pair: Mapping[str, Any], side: str, prompt_format: str) -> tuple[list[int], int]:
+    """`(ids, n_prompt)`: one side's token ids and how many of them come before the answer."""
     prompt = next((pair[k] for k in _PROMPT_KEYS if pair.get(k) is not None), None)
     answer = pair[side]
     if prompt is not None and prompt_format == "chat" and has_chat_template(tokenizer):
         head = tokenizer.apply_chat_template(
             [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
         )
-        return list(tokenizer(head + answer, add_special_tokens=False)["input_ids"])
-    text = answer if prompt is None else prompt + answer
-    return list(tokenizer(text)["input_ids"])
+        n_prompt = len(tokenizer(head, add_special_tokens=False)["input_ids"])
+        return list(tokenizer(head + answer, add_special_tokens=False)["input_ids"]), n_prompt
+    if prompt is None:
+        ids = list(tokenizer(answer)["input_ids"])
+        return ids, len(ids) - len(tokenizer(answer, add_special_tokens=False)["input_ids"])
+    n_prompt = len(tokenizer(prompt)["input_ids"])
+    return list(tokenizer(prompt + answer)["input_ids"]), n_prompt
 
 
 def fit_mean_difference(
@@ -190,27 +210,43 @@ def fit_mean_difference(
     pairs: Sequence[Mapping[str, Any]],
     prompt_format: str,
     batch_size: int,
+    accumulate: str = "last_token",
 ) -> SteeringVector:
-    """Mean over pairs of (positive - negative) layer-`layer` outputs at each side's last token, in float32."""
+    """Mean over pairs of (positive - negative) layer-`layer` outputs, in float32.
+
+    Each side contributes its last token (`last_token`) or the mean over its answer tokens (`completion`; never
+    position 0). The median L2 norm of the layer's output over every answer token of both sides is recorded as
+    `metadata["median_norm"]`.
+    """
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    sides = {}
+    sides, norms = {}, []
     for side in ("positive", "negative"):
-        rows = [render_pair_side(tokenizer, pair, side, prompt_format) for pair in pairs]
-        batches = []
-        for start in range(0, len(rows), batch_size):
-            ids, mask = pad_left(rows[start : start + batch_size], pad)
+        rendered = [render_pair_split(tokenizer, pair, side, prompt_format) for pair in pairs]
+        batches, spans = [], []
+        for start in range(0, len(rendered), batch_size):
+            chunk = rendered[start : start + batch_size]
+            ids, mask = pad_left([r[0] for r in chunk], pad)
             batches.append({"input_ids": ids, "attention_mask": mask})
-        last = capture_layer(
-            model, layout.layer_path(layer), batches, boundary="output", reduce=lambda h, m: h[:, -1, :]
-        )
-        sides[side] = torch.cat(last, dim=0).mean(dim=0)
+            # answer tokens are the last len(ids) - max(n_prompt, 1) columns of each left-padded row
+            spans.append([len(r[0]) - max(r[1], 1) for r in chunk])
+        hidden = capture_layer(model, layout.layer_path(layer), batches, boundary="output", reduce=lambda h, m: h)
+        rows = []
+        for block, lengths in zip(hidden, spans, strict=True):
+            for row, length in enumerate(lengths):
+                if length < 1:
+                    raise ValueError(f"CAA.data: a pair's {side!r} answer has no token after its prompt.")
+                answer = block[row, -length:]
+                norms.append(answer.norm(dim=-1))
+                rows.append(answer[-1] if accumulate == "last_token" else answer.mean(dim=0))
+        sides[side] = torch.stack(rows).mean(dim=0)
     vector = (sides["positive"] - sides["negative"]).cpu()
     metadata = {
         "method": "mean_diff",
-        "accumulate": "last_token",
+        "accumulate": accumulate,
         "location": "layer_output",
         "pairs": len(pairs),
         "prompt_format": prompt_format,
+        "median_norm": float(torch.cat(norms).median()),
         "model": str(getattr(getattr(model, "config", None), "_name_or_path", "") or ""),
     }
     return SteeringVector(vector, layer, metadata)

@@ -1,29 +1,89 @@
-"""`LayerVectorControl`: the part CAA and ActAdd share (a vector given or fitted at `steer()` for one layer)."""
+"""`LayerVectorControl`: the part CAA and ActAdd share (a vector given or fitted at `steer()` for one layer).
+
+Shared arguments (`LayerVectorArgs`), applied in this order at `steer()`:
+- `direction`: `vector` (as given or fitted), `negated` (minus the vector), or `random` (a Gaussian direction
+  drawn from `direction_seed`, each row rescaled to the norm of the vector's row): the sanity arms of every
+  vector method (`caa_negated`, `caa_random`) are these arguments, not other controls;
+- `strength_unit`: `absolute` adds `multiplier * v` (`v` unit-normalised when `normalize_vector`);
+  `median_norm` adds `multiplier * m * v / |v|`, where `m` is the median L2 norm of the residual stream at the
+  layer measured while fitting (`metadata["median_norm"]`), so a multiplier means the same on any model
+  (text degrades from about 0.5 on SmolLM2-135M).
+"""
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
 
 import torch
 
 from steer_hydra.controls.state.residual import check_hidden_size, normalized
 from steer_hydra.controls.state.vectors import SteeringVector
 from steer_hydra.core.capabilities import Capability
-from steer_hydra.core.controls import StateControl
+from steer_hydra.core.controls import BaseArgs, StateControl
 from steer_hydra.core.layout import ModelLayout, resolve_layout
 
 logger = logging.getLogger(__name__)
 
 Fit = Callable[[torch.nn.Module, Any, ModelLayout, int], SteeringVector]
 
+Direction = Literal["vector", "random", "negated"]
+StrengthUnit = Literal["absolute", "median_norm"]
+
+
+@dataclass(frozen=True)
+class LayerVectorArgs(BaseArgs):
+    """Arguments every layer-vector control takes (see the module docstring); subclasses add their own."""
+
+    direction: Direction = "vector"
+    direction_seed: int = 0
+    strength_unit: StrengthUnit = "absolute"
+
+    def validate(self) -> None:
+        if self.direction_seed < 0:
+            raise ValueError(f"direction_seed must be >= 0; got {self.direction_seed}.")
+
+
+def apply_direction(vector: SteeringVector, direction: str, seed: int) -> SteeringVector:
+    """The vector a sanity arm uses: itself, its negation, or a seeded random direction with the same row norms."""
+    if direction == "vector":
+        return vector
+    tensor = vector.tensor.float()
+    if direction == "negated":
+        used = -tensor
+    elif direction == "random":
+        generator = torch.Generator().manual_seed(seed)
+        draw = torch.randn(tensor.shape, generator=generator)
+        used = draw / draw.norm(dim=-1, keepdim=True) * tensor.norm(dim=-1, keepdim=True)
+    else:
+        raise ValueError(f"direction must be one of 'vector', 'random', 'negated'; got {direction!r}.")
+    metadata = {**vector.metadata, "direction": direction, "source_vector": vector.content_hash}
+    if direction == "random":
+        metadata["direction_seed"] = seed
+    return SteeringVector(used.to(vector.tensor.dtype), vector.layer, metadata)
+
+
+def median_norm_of(vector: SteeringVector, owner: str) -> float:
+    """The residual-stream scale recorded when the vector was fitted; error naming the fix when absent."""
+    value = vector.metadata.get("median_norm")
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(
+            f"{owner}.strength_unit='median_norm' needs the residual-stream median norm at the layer, recorded when "
+            f"the vector is fitted at steer() (metadata['median_norm']); this vector has {value!r}. Fix: fit it "
+            "from data (data=/positive_prompt=), or use strength_unit='absolute'."
+        )
+    return float(value)
+
 
 class LayerVectorControl(StateControl):
     """A state control that adds `multiplier *` a steering tensor at one decoder layer.
 
-    Subclasses have Args fields `steering_vector`, `layer_id`, `multiplier` and `normalize_vector`, set
-    `DEFAULT_DEPTH` (and `MIN_DEFAULT_LAYER`), and call `_bind(...)` in `steer()`; the hooks read `_delta(hidden)`.
+    Subclasses' Args extend `LayerVectorArgs` with fields `steering_vector`, `layer_id`, `multiplier` and
+    `normalize_vector`, set `DEFAULT_DEPTH` (and `MIN_DEFAULT_LAYER`), and call `_bind(...)` in `steer()`; the
+    hooks read `_delta(hidden)`.
     """
 
     DEFAULT_DEPTH: ClassVar[float]
@@ -33,7 +93,8 @@ class LayerVectorControl(StateControl):
         self._layout: ModelLayout | None = None
         self._layer: int | None = None
         self._vector: SteeringVector | None = None
-        self._steering: torch.Tensor | None = None  # the tensor added (normalized if asked), before multiplier
+        self._steering: torch.Tensor | None = None  # the tensor added (normalized/scaled if asked), before multiplier
+        self._unit_scale: float | None = None  # the residual median norm with strength_unit='median_norm'
         self._deltas: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
     def requirements(self) -> frozenset[Capability]:
@@ -51,6 +112,11 @@ class LayerVectorControl(StateControl):
     def vector_hash(self) -> str | None:
         """`content_hash` of the steering vector in use (None before `steer()` has one)."""
         return self._vector.content_hash if self._vector is not None else None
+
+    @property
+    def unit_scale(self) -> float | None:
+        """The residual-stream median norm one unit of `multiplier` stands for (`strength_unit='median_norm'`)."""
+        return self._unit_scale
 
     @property
     def layer(self) -> int | None:
@@ -86,13 +152,21 @@ class LayerVectorControl(StateControl):
             if tokenizer is None:
                 raise ValueError(f"{name} needs a tokenizer to fit its vector; pass one to steer().")
             given = fit(model, tokenizer, layout, layer)
-        steering = prepare(given.tensor).float()
+        used = apply_direction(given, self.direction, self.direction_seed)
+        steering = prepare(used.tensor).float()
         check_hidden_size(steering, layout.hidden_size, f"{name}.steering_vector")
-        self._steering = normalized(steering) if self.normalize_vector else steering
-        self._vector, self._layout, self._layer = given, layout, layer
+        self._unit_scale = None
+        if self.strength_unit == "median_norm":
+            self._unit_scale = median_norm_of(given, name)
+            norms = steering.norm(dim=-1, keepdim=True)  # a block's zero rows (a shared BOS) stay zero
+            steering = steering / norms.clamp_min(1e-12) * self._unit_scale
+        elif self.normalize_vector:
+            steering = normalized(steering)
+        self._steering = steering
+        self._vector, self._layout, self._layer = used, layout, layer
         self._deltas.clear()
-        logger.info("%s at layer %d, vector %s", name, layer, given.content_hash[:12])
-        return given
+        logger.info("%s at layer %d, %s vector %s", name, layer, self.direction, used.content_hash[:12])
+        return used
 
     def _require_bound(self) -> None:
         if self._layout is None or self._steering is None or self._layer is None:
