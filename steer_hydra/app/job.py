@@ -37,7 +37,7 @@ from steer_hydra.app.files import write_csv, write_json
 from steer_hydra.app.plan import JobPlan, arm_names, to_plain
 from steer_hydra.app.secrets import redact, redact_overrides
 from steer_hydra.app.tracking import Tracker
-from steer_hydra.evaluation.frames import cells_frame, results_from_logs
+from steer_hydra.evaluation.frames import cells_frame, failed_samples, results_from_logs
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +123,15 @@ def run_job(cfg: DictConfig, output_dir: str | Path) -> float:
         own_cells = cells_frame({plan.arm: records})
         samples = app_columns(long_samples(task_samples(own_cells, plan.save_dir, include_text=True)), seed=plan.seed)
         write_csv(samples, output_dir / "samples.csv")
+        failures = app_columns(failed_samples(own_cells, plan.save_dir), seed=plan.seed)
+        if not failures.empty:
+            write_csv(failures, output_dir / "failed_samples.csv")
+            logger.warning(
+                "%d sample(s) failed and have no score (listed in %s): %s",
+                len(failures),
+                output_dir / "failed_samples.csv",
+                "; ".join(f"{r.task} sample {r.sample_id}: {r.error}" for r in failures.head(5).itertuples()),
+            )
 
         # paired deltas against the baseline (evaluated earlier into the same save_dir, or by this job): exactly
         # these two configurations, selected by config_id
@@ -174,6 +183,7 @@ def run_job(cfg: DictConfig, output_dir: str | Path) -> float:
                 "overrides": job_overrides(),
                 "results_reused": reused,
                 "tasks_without_baseline": missing_baseline,
+                "failed_samples": failures[["suite", "task", "trial_id", "sample_id", "error"]].to_dict("records"),
                 "metrics": metrics,
                 "provenance": provenance,
                 "memory_after_release": memory_report(),
@@ -189,6 +199,7 @@ def run_job(cfg: DictConfig, output_dir: str | Path) -> float:
                 "config_id": plan.config_id,
                 "results_reused": reused,
                 "tasks_without_baseline": ", ".join(missing_baseline),
+                "failed_samples": len(failures),
             }
             for row in deltas.itertuples(index=False):
                 key = "/".join(["delta", row.suite, row.task.replace("/", "."), row.metric])

@@ -337,6 +337,22 @@ def samples_frame(
     return _sort_samples(frame, ["pipeline", "config_id", "trial_id", "sample_id"])
 
 
+def failed_samples(cells: pd.DataFrame, log_root: str | Path | None) -> pd.DataFrame:
+    """One row per sample whose generation or scoring failed in the cells' logs: `config, config_id, trial, suite,
+    task, sample_id, error` (the first line of Inspect's error message)."""
+    rows = []
+    for cell in cells[list(CELL_COLUMNS)].drop_duplicates(["config_id", "trial", "suite", "task"]).itertuples():
+        log = _read_eval_log(resolve_log_path(cell.log, log_root))
+        for sample in getattr(log, "samples", None) or []:
+            error = getattr(sample, "error", None)
+            if error is not None:
+                message = str(getattr(error, "message", error)).strip().splitlines()
+                rows.append(
+                    (cell.config, cell.config_id, cell.trial, cell.suite, cell.task, sample.id, (message or [""])[0])
+                )
+    return pd.DataFrame(rows, columns=["config", "config_id", "trial", "suite", "task", "sample_id", "error"])
+
+
 def _sample_score_or_none(sample: Any, key: str, log: str) -> Any:
     """`_sample_score`, with None where a failed sample has no score for `key`."""
     if getattr(sample, "error", None) is not None and key.partition("/")[0] not in (

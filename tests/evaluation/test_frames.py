@@ -14,6 +14,7 @@ import steer_hydra.evaluation.frames as frames
 from steer_hydra.evaluation.frames import (
     RESULT_COLUMNS,
     cells_frame,
+    failed_samples,
     paired_deltas,
     results_frame,
     runs_frame,
@@ -272,6 +273,13 @@ def test_scores_none_takes_every_scorer_and_a_failed_sample_scores_none(monkeypa
     assert list(out.columns[-2:]) == ["x", "y"]
     assert out["x"].tolist()[:2] == [1.0, 0.0] and out["y"].tolist() == [None, 1.0, None]
     assert samples_frame(cells, "/r", scores=["x"])["x"].tolist()[2] is None  # failed: no score, no KeyError
+
+
+def test_failed_samples_are_listed_with_their_error(monkeypatch):
+    failed = SimpleNamespace(**{**vars(_sample(3, {})), "error": SimpleNamespace(message="ValueError: fragile\ntrace")})
+    monkeypatch.setattr(frames, "_read_eval_log", lambda path: _fake_log([_sample(1, {"x": 1.0}), failed]))
+    out = failed_samples(cells_frame({"a": RESULTS["baseline"][:1]}), "/r")
+    assert out[["config", "sample_id", "error"]].values.tolist() == [["a", 3, "ValueError: fragile"]]
 
 
 def test_unscored_inspect_run_gives_its_samples_without_score_columns(tmp_path):
