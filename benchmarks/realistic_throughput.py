@@ -226,8 +226,11 @@ class StaticCounting(CountingPipeline):
         return 1 - self.useful / self.computed
 
 
-def run_hf(path, prompts, batch, max_tokens, hazard, log_dir, log_options, device) -> dict:
-    model = get_model(f"hf/{path}", device=device, do_sample=False)
+def run_hf(path, prompts, batch, max_tokens, hazard, log_dir, log_options, device, dtype) -> dict:
+    model_args = {"device": "cuda:0" if device == "cuda" else device, "do_sample": False}
+    if dtype != "float32":
+        model_args["dtype"] = dtype
+    model = get_model(f"hf/{path}", **model_args)
     handle = hazard.install(model.api.model)
     try:
         start = time.perf_counter()
@@ -317,7 +320,8 @@ def main(argv: list[str] | None = None) -> int:
             f"checkpoint params={params:,} device={args.device} dtype={args.dtype}; samples={len(prompts)} "
             f"max_tokens={args.max_tokens} batch={args.batch} rounds={args.rounds} torch_threads="
             f"{torch.get_num_threads()} cpus={os.cpu_count()} lean_logs={args.lean_logs} "
-            f"connections={args.connections_factor}xB switch={sys.getswitchinterval()} hazard={args.hazard_a}/(pos+{args.hazard_b}) seed={args.seed}",
+            f"connections={args.connections_factor}xB switch={sys.getswitchinterval()} "
+            f"hazard={args.hazard_a}/(pos+{args.hazard_b}) seed={args.seed}",
             flush=True,
         )
         # warm-up of every path on a few prompts
@@ -357,7 +361,15 @@ def main(argv: list[str] | None = None) -> int:
         if not args.skip_hf:
             hf_prompts = prompts[: args.hf_samples] if args.hf_samples else prompts
             hf = run_hf(
-                checkpoint, hf_prompts, args.batch, args.max_tokens, hazard, root / "hf", log_options, args.device
+                checkpoint,
+                hf_prompts,
+                args.batch,
+                args.max_tokens,
+                hazard,
+                root / "hf",
+                log_options,
+                args.device,
+                args.dtype,
             )
         handle.remove()
         pipeline.release()
