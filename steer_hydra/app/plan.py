@@ -31,6 +31,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from steer_hydra.app.files import locked, read_json, write_json
+from steer_hydra.app.secrets import redact
 from steer_hydra.core.backend import BackendSpec
 from steer_hydra.core.controls import BaseControl
 from steer_hydra.core.identity import BASELINE_CONFIG_ID, canonical_value, config_digest
@@ -198,17 +199,28 @@ class JobPlan:
         )
 
     def protocol(self) -> dict[str, Any]:
-        """What makes logs in `save_dir` comparable: everything but the arm (which has its own directory)."""
-        return canonical_value(
-            {
-                "model": {k: v for k, v in self.model.items() if k != "name"},
-                "backend": {"kind": self.backend.kind, "options": self.backend.options},
-                "provider": self.options,
-                "generate_defaults": self.generate_defaults,
-                "suite": self.suite,
-                "seed": self.seed,
-            }
+        """What makes logs in `save_dir` comparable: everything but the arm (which has its own directory); values
+        that look like secrets are redacted (the file is shared and read by people)."""
+        return redact(
+            canonical_value(
+                {
+                    "model": {k: v for k, v in self.model.items() if k != "name"},
+                    "backend": {"kind": self.backend.kind, "options": self._backend_protocol_options()},
+                    "provider": self.options,
+                    "generate_defaults": self.generate_defaults,
+                    "suite": self.suite,
+                    "seed": self.seed,
+                }
+            )
         )
+
+    def _backend_protocol_options(self) -> dict[str, Any]:
+        """Backend options that bear on what is generated (a server's address and timeouts do not)."""
+        if self.backend.kind == "vllm_serve":
+            from steer_hydra.backends.vllm_serve import protocol_options
+
+            return protocol_options(self.backend.options)
+        return dict(self.backend.options)
 
     @property
     def protocol_path(self) -> Path:
