@@ -120,6 +120,9 @@ class AppConfig:
     progress: bool = True
     baseline_arm: str = "baseline"
     tags: list[str] = field(default_factory=list)
+    # The steering strength arms read as ${strength} (e.g. the concept arms' multiplier), so a study sweeps one
+    # key for every method; arms that do not reference it ignore it (their config_id does not change).
+    strength: float = 0.5
 
 
 SCHEMA_NAME = "steer_hydra_schema"

@@ -6,9 +6,10 @@ split) and picks, per arm, the strength with the best mean objective (ties go to
 arms (`caa_random`, `caa_negated`) are not tuned: `follows` maps them to the arm whose choice they take, so a
 control is compared at the strength its method was chosen at. `report_selected(test, choices, ...)` keeps each
 arm's test rows at its chosen strength and computes the statistics of `evaluation.stats` against the baseline.
-`study_frame(save_dir)` builds the per-sample frame from a study's logs; `write_study` writes
-`selection.csv`, `study_results.csv` and `selection.json` (the objective, the choices and both splits' sample
-ids: the provenance of the choice).
+`study_frame(save_dir)` builds the per-sample frame from a study's logs (an arm's display name `name@config_id`
+counts as arm `name`); `write_study` writes `selection.csv`, `study_results.csv` and `selection.json` (the
+objective, the choices and both splits' sample ids: the provenance of the choice). `StudySelection` is the Hydra
+callback an `experiment=` preset adds to run all of it at the end of its multirun and log it to W&B.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
 
 from steer_hydra.evaluation.stats import arm_statistics, per_sample_means
 
@@ -156,10 +159,11 @@ def study_frame(save_dir: str | Path, *, split_of: Mapping[str, str], swept: Seq
     if not frames:
         raise ValueError(f"study_frame: no evaluated samples under {save_dir}.")
     samples = pd.concat(frames, ignore_index=True)
+    samples = samples.assign(display=samples["pipeline"], pipeline=samples["pipeline"].str.split("@").str[0])
     strengths = {}
     for path in sorted((save_dir / "configs").glob("*.json")):
         record = json.loads(path.read_text())
-        if record["arm"] in swept:
+        if str(record["arm"]).split("@")[0] in swept:
             strengths[record["config_id"]] = strength_of(record.get("controls"))
     return samples.assign(
         strength=samples["config_id"].map(strengths).astype(float),
@@ -200,3 +204,103 @@ def write_study(
 
 def _sizes(dev: pd.DataFrame, test: pd.DataFrame) -> tuple[int, int]:
     return dev["sample_id"].nunique(), test["sample_id"].nunique()
+
+
+class StudySelection(Callback):
+    """At the end of a study's multirun: select strengths on dev, report on test, write and log the study.
+
+    Args (from the preset's `hydra.callbacks.study_selection`): `objective` (a score column) and `maximize`,
+    `scores` (the columns reported), `swept` (arms whose strength is swept), `follows` (sanity arm -> its
+    method's arm), `task` (the task holding the splits), `baseline`.
+    """
+
+    def __init__(
+        self,
+        objective: str = "concept_harmonic",
+        maximize: bool = True,
+        scores: Sequence[str] = ("concept_score", "instruction_score", "fluency_score", "concept_harmonic"),
+        swept: Sequence[str] = (),
+        follows: Mapping[str, str] | None = None,
+        task: str = "steer_hydra/concept_steering",
+        baseline: str = "baseline",
+    ) -> None:
+        self.objective = Objective(objective, maximize)
+        self.scores, self.swept, self.follows = list(scores), list(swept), dict(follows or {})
+        self.task, self.baseline = task, baseline
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from steer_hydra.tasks.concept_steering import split_ids
+
+        split_of = {i: "dev" for i in split_ids("dev")} | {i: "test" for i in split_ids("test")}
+        out_dir = Path(config.hydra.sweep.dir).absolute() / "study"
+        try:
+            samples = study_frame(Path(str(config.save_dir)).absolute(), split_of=split_of, swept=self.swept)
+            out = write_study(
+                samples,
+                out_dir,
+                objective=self.objective,
+                scores=self.scores,
+                follows=self.follows,
+                baseline=self.baseline,
+                task=self.task,
+            )
+        except (ValueError, KeyError) as error:
+            logger.warning("Study selection skipped: %s", error)
+            return
+        logger.info("Study (strength chosen on dev, reported on test):\n%s", study_table(out["results"]))
+        self._track(config, out_dir, out)
+
+    def _track(self, config: DictConfig, out_dir: Path, out: Mapping[str, Any]) -> None:
+        from steer_hydra.app.plan import to_plain
+        from steer_hydra.app.tracking import Tracker
+
+        logger_cfg = to_plain(OmegaConf.select(config, "logger") or {"kind": "none"})
+        if logger_cfg.get("kind") == "none":
+            return
+        tracker = Tracker(
+            project=logger_cfg["project"],
+            entity=logger_cfg.get("entity"),
+            mode=logger_cfg.get("mode"),
+            directory=out_dir,
+            name=f"{config.experiment_name}-study",
+            group=str(config.experiment_name),
+            job_type="study_selection",
+            tags=["study_selection", *map(str, config.tags)],
+            config={"selection": out["provenance"]},
+        ).start()
+        exit_code = 1
+        try:
+            results = out["results"]
+            tracker.summary(
+                {
+                    f"study/{r.arm}/{r.metric}/{key}": getattr(r, key)
+                    for r in results.itertuples(index=False)
+                    for key in ("delta", "ci_low", "ci_high", "arm_mean", "changed_fraction", "degenerate_rate")
+                    if hasattr(r, key)
+                }
+            )
+            tracker.table("study_results", results)
+            tracker.table("selection", out["choices"])
+            exit_code = 0
+        finally:
+            tracker.finish(exit_code)
+
+
+def study_table(results: pd.DataFrame, metrics: Sequence[str] | None = None) -> str:
+    """A compact text table: one row per arm, `mean (delta [ci])` per metric, plus changed and degenerate rates."""
+    metrics = list(metrics or results["metric"].unique())
+    lines = []
+    for arm, rows in results.groupby("arm", sort=False):
+        rows = rows.set_index("metric")
+        first = rows.iloc[0]
+        cells = [
+            f"{m}={rows.loc[m, 'arm_mean']:.3f} ({rows.loc[m, 'delta']:+.3f} [{rows.loc[m, 'ci_low']:+.3f}, "
+            f"{rows.loc[m, 'ci_high']:+.3f}])"
+            for m in metrics
+            if m in rows.index
+        ]
+        strength = "" if pd.isna(first.get("strength")) else f" @{first['strength']:g}"
+        changed, degenerate = first.get("changed_fraction", math.nan), first.get("degenerate_rate", math.nan)
+        rates = f"changed={changed:.2f} degenerate={degenerate:.2f}"
+        lines.append(f"{arm}{strength}: " + "  ".join(cells) + "  " + rates)
+    return "\n".join(lines)
