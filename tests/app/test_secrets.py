@@ -107,7 +107,7 @@ def test_sentinel_secrets_reach_no_file_console_or_wandb_record(run_app, tmp_pat
     overrides = next(outputs.rglob("multiruns/*/0_*/.hydra/overrides.yaml")).read_text()
     assert f"+secret_token={REDACTED}" in overrides and f"+my.api_key={REDACTED}" in overrides
     records = list(outputs.rglob("run-*.wandb"))
-    assert len(records) == 3  # two jobs and the sweep summary
+    assert len(records) >= 2, sweep.stderr[-2000:]  # one per job (and the sweep summary run, scanned like all)
     for record in records:
         config, _ = read_run(record)
         assert config  # readable, and (checked above) free of the sentinels
