@@ -198,8 +198,29 @@ def write_study(
         "test_sample_ids": sorted(map(str, test["sample_id"].unique())),
     }
     (out_dir / "selection.json").write_text(json.dumps(provenance, indent=1, default=str))
+    plot_study(results, out_dir / "study_deltas.png", baseline=baseline)
     logger.info("Strength selection on %d dev samples; results on %d test samples in %s", *_sizes(dev, test), out_dir)
     return {"choices": choices, "results": results, "provenance": provenance}
+
+
+def plot_study(results: pd.DataFrame, path: Path, *, baseline: str = "baseline") -> Path:
+    """Each arm's test delta with its CI per metric; labels carry the strength, changed and degenerate rates."""
+    import matplotlib.pyplot as plt
+
+    from steer_hydra.evaluation.plotting import plot_paired_deltas
+
+    rows = results[results["arm"] != baseline].copy()
+    changed = rows.get("changed_fraction", pd.Series(math.nan, index=rows.index))
+    degenerate = rows.get("degenerate_rate", pd.Series(math.nan, index=rows.index))
+    rows["label"] = [
+        f"{arm}{'' if pd.isna(s) else f'@{s:g}'} (changed {c:.2f}, degenerate {d:.2f})"
+        for arm, s, c, d in zip(rows["arm"], rows["strength"], changed, degenerate, strict=True)
+    ]
+    plot_paired_deltas(
+        rows, label_col="label", group_cols=("metric",), title="test split, chosen strength", save_path=path
+    )
+    plt.close("all")
+    return path
 
 
 def _sizes(dev: pd.DataFrame, test: pd.DataFrame) -> tuple[int, int]:

@@ -120,6 +120,7 @@ def test_write_study_records_the_choice_and_both_splits(tmp_path):
     assert len(record["dev_sample_ids"]) == 10 and len(record["test_sample_ids"]) == 20
     assert not set(record["dev_sample_ids"]) & set(record["test_sample_ids"])
     assert (tmp_path / "study_results.csv").is_file() and len(out["results"]) == 4
+    assert (tmp_path / "study_deltas.png").stat().st_size > 0
 
 
 def test_strength_of_reads_the_multiplier_of_canonical_controls():
