@@ -250,7 +250,9 @@ def run_hf(path, prompts, batch, max_tokens, hazard, log_dir, log_options, devic
     if log.status != "success":
         raise RuntimeError(f"hf/ eval failed: {log.error}")
     window = len(log.samples) / sample_window_rate(log)
-    useful = sum(s.output.usage.output_tokens for s in log.samples if s.output and s.output.usage)
+    # hf/ reports each row's padded batch length as its output tokens: count the completion's tokens instead
+    tokenizer = model.api.tokenizer
+    useful = sum(len(tokenizer(s.output.completion, add_special_tokens=False)["input_ids"]) for s in log.samples)
     return {
         "tokens": useful,
         "tok_s": useful / window,
