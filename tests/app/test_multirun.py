@@ -119,7 +119,7 @@ def test_a_killed_job_leaves_an_aggregate_of_the_rest_that_names_it(run_app, tmp
     assert missing["job"] == 2 and "arm=killer" in missing["overrides"] and "seed=1" in missing["overrides"]
     assert missing["command"].startswith("python -m steer_hydra ") and "arm=killer" in missing["command"]
     assert f"hydra.run.dir={sweep / '2_rerun'}" in missing["command"] and "hydra.searchpath" in missing["command"]
-    assert "arm=killer" in proc.stderr  # the console names the missing cell and its command
+    assert "arm=killer" in proc.stdout + proc.stderr  # the console names the missing cell and its command
 
     (sweep / "aggregate" / "paired_deltas.csv").unlink()
     again = subprocess.run(
