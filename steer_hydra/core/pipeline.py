@@ -26,6 +26,7 @@ from steer_hydra.core.controls import (
     ControlSet,
     DecodingDriver,
     HookSet,
+    OutputControl,
     declared_scopes,
     merge_controls,
     row_values,
@@ -564,6 +565,13 @@ class SteeringPipeline:
         for control in self._enabled(self._sets.state):
             if not getattr(control, "supports_refill", False):
                 blockers.append(f"{type(control).__name__} does not declare supports_refill")
+        for control in self._enabled(self._sets.output):
+            live = any(
+                getattr(type(control), name) is not getattr(OutputControl, name)
+                for name in ("get_logits_processors", "get_stopping_criteria")
+            )
+            if live and not control.export_generation_params({}):
+                blockers.append(f"{type(control).__name__} runs live logits processors or stopping criteria")
         return blockers
 
     def open_refill(self, max_rows: int) -> Any:

@@ -171,3 +171,16 @@ def test_refill_refuses_controls_that_do_not_declare_it(make_pipeline):
     engine = make_pipeline().open_refill(2)
     with pytest.raises(ValueError, match="n=1"):
         make_pipeline().admit_refill(engine, [None], messages=chats([0]), n=2, do_sample=True)
+
+
+def test_live_logits_processors_block_refill(make_pipeline):
+    from steer_hydra.core.controls import OutputControl
+
+    class Suppress(OutputControl):
+        supports_batching = True
+
+        def get_logits_processors(self, input_ids, runtime_kwargs, **kwargs):
+            return [lambda ids, scores: scores]
+
+    pipeline = make_pipeline([Suppress()])
+    assert pipeline.refill_blockers() == ["Suppress runs live logits processors or stopping criteria"]
