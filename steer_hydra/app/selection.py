@@ -325,3 +325,40 @@ def study_table(results: pd.DataFrame, metrics: Sequence[str] | None = None) -> 
         rates = f"changed={changed:.2f} degenerate={degenerate:.2f}"
         lines.append(f"{arm}{strength}: " + "  ".join(cells) + "  " + rates)
     return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`python -m steer_hydra.app.selection SAVE_DIR OUT_DIR`: the study selection of a save_dir, after the fact."""
+    import argparse
+
+    from steer_hydra.tasks.concept_steering import split_ids
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("save_dir")
+    parser.add_argument("out_dir")
+    parser.add_argument("--objective", default="concept_harmonic")
+    parser.add_argument("--swept", nargs="*", default=["caa_weddings", "caa_weddings_random", "caa_weddings_negated"])
+    parser.add_argument(
+        "--follows", nargs="*", default=["caa_weddings_random=caa_weddings", "caa_weddings_negated=caa_weddings"]
+    )
+    parser.add_argument("--task", default="steer_hydra/concept_steering")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO)
+    split_of = {i: "dev" for i in split_ids("dev")} | {i: "test" for i in split_ids("test")}
+    samples = study_frame(args.save_dir, split_of=split_of, swept=args.swept)
+    follows = dict(item.split("=", 1) for item in args.follows)
+    present = set(samples["pipeline"])
+    follows = {arm: parent for arm, parent in follows.items() if arm in present}
+    out = write_study(
+        samples,
+        args.out_dir,
+        objective=Objective(args.objective),
+        scores=["concept_score", "instruction_score", "fluency_score", "concept_harmonic"],
+        follows=follows,
+        task=args.task,
+    )
+    print(study_table(out["results"]))  # noqa: T201 - a command's output
+
+
+if __name__ == "__main__":
+    main()
