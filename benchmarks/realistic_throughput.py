@@ -182,16 +182,15 @@ def run_provider(pipeline, prompts, batch, max_tokens, batching, log_dir, log_op
         **log_options,
     )
     wall = time.perf_counter() - start
-    collator = model.api.collator
+    engine = getattr(model.api.collator, "engine", None)
+    occupancy = None
+    if engine is not None and engine.stats.slot_steps:
+        occupancy = engine.stats.row_steps / engine.stats.slot_steps
     model.api.close()
     if log.status != "success":
         raise RuntimeError(f"provider eval failed: {log.error}")
     window = len(log.samples) / sample_window_rate(log)
     useful = sum(s.output.usage.output_tokens for s in log.samples if s.output and s.output.usage)
-    engine = getattr(collator, "engine", None)
-    occupancy = None
-    if engine is not None and engine.stats.slot_steps:
-        occupancy = engine.stats.row_steps / engine.stats.slot_steps
     busy_ms, gap_ms = counting.timing_ms() if counting.spans else (float("nan"), float("nan"))
     return {
         "tokens": useful,

@@ -218,9 +218,9 @@ class RefillEngine:
         tokens = torch.tensor([[a.generated[-1]] for a in rows], device=self._device)
         positions = torch.tensor([[a.position] for a in rows], device=self._device)
         mask = torch.cat([self._mask, self._mask.new_ones((len(rows), 1))], dim=1)
-        if self._hooks is None:
-            self._hooks = self._build_hooks(*self._layout_prompt(), [a.row.runtime_kwargs for a in rows])
         try:
+            if self._hooks is None:
+                self._hooks = self._build_hooks(*self._layout_prompt(), [a.row.runtime_kwargs for a in rows])
             with self._applied(self._hooks), torch.no_grad():
                 out = self.model(
                     input_ids=tokens,

@@ -81,6 +81,18 @@ class RefillCollator(LockLeaderCollator):
     def queued(self) -> int:
         return len(self._inbox)
 
+    def close(self) -> None:
+        """Refuse new admissions; rows in flight finish; the engine (and its model reference) is dropped after."""
+        super().close()
+        with self._inbox_lock:
+            if self._worker is None:
+                self._engine = None
+
+    @property
+    def running(self) -> bool:
+        """Whether the worker thread is alive (it ends once no request is queued and no row is active)."""
+        return self._worker is not None
+
     @property
     def engine(self) -> Any:
         """The refill engine (None before the first request); its `stats` count steps and admissions."""
@@ -113,6 +125,8 @@ class RefillCollator(LockLeaderCollator):
                 with self._inbox_lock:
                     if not self._inbox and (self._engine is None or self._engine.idle):
                         self._worker = None
+                        if self._closed:
+                            self._engine = None  # holds the model: let release() free it
                         return
                     refill, static = self._take()
                 if static:

@@ -3,6 +3,7 @@ per-request kwargs, static fallbacks, cancellation, and a real Inspect eval."""
 
 from __future__ import annotations
 
+import time
 from importlib.util import find_spec
 
 import anyio
@@ -182,3 +183,20 @@ def test_inspect_eval_with_refill_matches_static_completions(make_pipeline, tmp_
         completions[batching] = {s.id: s.output.completion for s in log.samples}
         model.api.close()
     assert completions["refill"] == completions["static"]
+
+
+def test_close_drops_the_engine_so_release_can_free_the_model(make_pipeline):
+    pipeline = make_pipeline()
+    collator = collator_for(pipeline, ceiling=2)
+
+    async def main():
+        record = collator.admit(chat(WORDS[0]), {"max_new_tokens": 4}, {}, 1)
+        await collator.serve(record)
+
+    anyio.run(main)
+    assert collator.engine is not None and collator.engine.model is pipeline.model
+    collator.close()
+    deadline = time.monotonic() + 10
+    while collator.running and time.monotonic() < deadline:  # the worker ends right after the last row
+        time.sleep(0.01)
+    assert collator.engine is None and collator.closed and not collator.running
