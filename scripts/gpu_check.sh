@@ -55,12 +55,12 @@ step() {
 }
 
 if [ "$SMOKE" = 1 ]; then
-  DEVICE=cpu DTYPE=float32 SHAPE=smoke
+  DEVICE=cpu DTYPE=float32 SHAPE=smoke THREADS=1
   OVERHEAD_ARGS=${OVERHEAD_ARGS:---shape smoke --batches 1,4 --prompt-tokens 64 --new-tokens 8 --warmup-tokens 4 --repeats 2}
   PROVIDER_ARGS=${PROVIDER_ARGS:---samples 16 --batch 8 --max-tokens 8 --rounds 1 --serial-samples 4}
   REALISTIC_ARGS=${REALISTIC_ARGS:---samples 16 --batch 4 --max-tokens 32 --rounds 1 --skip-hf}
 else
-  DEVICE=cuda DTYPE=bfloat16 SHAPE=llama-3.2-1b
+  DEVICE=cuda DTYPE=bfloat16 SHAPE=llama-3.2-1b THREADS=0
   OVERHEAD_ARGS=${OVERHEAD_ARGS:---shape llama-3.1-8b --batches 1,8,32 --prompt-tokens 256 --new-tokens 128 --warmup-tokens 16 --repeats 3}
   PROVIDER_ARGS=${PROVIDER_ARGS:---samples 256 --batch 32 --max-tokens 64 --rounds 2 --serial-samples 16 --hf-samples 64}
   REALISTIC_ARGS=${REALISTIC_ARGS:---samples 128 --batch 32 --max-tokens 256 --rounds 1 --skip-hf}
@@ -110,9 +110,9 @@ step overhead 140:60 overhead.txt "$PY" benchmarks/gpu/steering_overhead.py --de
 
 # 3. provider vs raw vs hf/ (fixed length), default logs then lean logs
 step provider_default 80:40 provider_default.txt "$PY" benchmarks/gpu/on_device.py --shape $SHAPE --device $DEVICE \
-  --dtype $DTYPE --benchmark provider_throughput -- $PROVIDER_ARGS --threads 0 --batching refill --connections-factor 2
+  --dtype $DTYPE --benchmark provider_throughput -- $PROVIDER_ARGS --threads $THREADS --batching refill --connections-factor 2
 step provider_lean 50:30 provider_lean.txt "$PY" benchmarks/gpu/on_device.py --shape $SHAPE --device $DEVICE \
-  --dtype $DTYPE --benchmark provider_throughput -- $PROVIDER_ARGS --threads 0 --batching refill --connections-factor 2 \
+  --dtype $DTYPE --benchmark provider_throughput -- $PROVIDER_ARGS --threads $THREADS --batching refill --connections-factor 2 \
   --lean-logs --rounds 1 --skip-hf
 
 # 4. static vs refill on the long-tailed workload

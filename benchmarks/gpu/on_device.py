@@ -80,7 +80,8 @@ def main() -> int:
     t = time.perf_counter()
     if args.benchmark == "realistic_throughput":
         checkpoint = save_checkpoint(args.shape, device, dtype, cache)
-        argv = ["--checkpoint", str(checkpoint), "--device", device, "--dtype", args.dtype, "--threads", "0", *rest]
+        threads = "0" if device.startswith("cuda") else "1"  # several CPU threads spin-wait on a shared CPU
+        argv = ["--checkpoint", str(checkpoint), "--device", device, "--dtype", args.dtype, "--threads", threads, *rest]
         log(f"benchmark args: {' '.join(argv)}")
         rc = bench.main(argv)
     else:
