@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 import time
@@ -72,7 +73,7 @@ def test_online_init_that_fails_falls_back_to_offline_within_the_timeout(wandb_e
     try:
         with pytest.warns(
             UserWarning, match=r"W&B online init failed after .*init_timeout=2s.*logging this run offline"
-        ):
+        ) as caught:
             tracker.start()
         elapsed = time.monotonic() - began
         assert tracker.active and tracker.fell_back_offline and tracker.run.settings.mode == "offline"
@@ -81,7 +82,9 @@ def test_online_init_that_fails_falls_back_to_offline_within_the_timeout(wandb_e
         wandb.teardown()  # the service writes the record file asynchronously; teardown flushes it
     finally:
         sock.close()
-    assert elapsed < 2 + 10, f"fallback took {elapsed:.1f}s"
+    gave_up = float(re.search(r"failed after ([\d.]+)s", str(caught[0].message)).group(1))
+    assert gave_up <= 2 + 5, f"the online attempt lasted {gave_up}s"  # init_timeout + CPU slack (was 90-100 s)
+    assert elapsed < 2 + 60, f"fallback took {elapsed:.1f}s"  # plus one offline init (slow on a loaded machine)
     record = _only((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
     config, summary = read_run(record)
     assert config["a"] in (1, {"value": 1}) and summary["objective"] == 0.5
