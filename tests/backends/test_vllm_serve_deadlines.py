@@ -56,24 +56,24 @@ def test_a_frozen_server_fails_a_request_within_its_deadline_then_every_request_
         with pytest.raises(ServerUnavailableError, match=r"gave up: its request_deadline=1s passed after \d attempt"):
             pipeline.generate(messages=CHAT, max_new_tokens=3)
         first = time.monotonic() - began
-        assert 0.9 < first < 2.0, f"the first request took {first:.2f}s"
-        again = time.monotonic()
+        assert 0.9 < first < 3.0, f"the first request took {first:.2f}s"
+        held = server.frozen_requests
         with pytest.raises(ServerUnavailableError, match="an earlier request gave up; not retrying"):
             pipeline.generate(messages=CHAT, max_new_tokens=3)
-        assert time.monotonic() - again < 0.2
+        assert server.frozen_requests == held  # failed without sending anything
     assert 2 <= server.frozen_requests <= 3  # 0.4 s attempts in a 1 s deadline, none after giving up
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and "request_deadline=1s" in errors[0] and server.base_url in errors[0]
 
 
 def test_the_job_deadline_bounds_every_request_after_connecting(client, server):
-    pipeline = client(request_timeout=5, request_deadline=60, job_deadline=1.0)
+    connected = time.monotonic()
+    pipeline = client(request_timeout=30, request_deadline=60, job_deadline=8.0)
     assert isinstance(pipeline.generate(messages=CHAT, max_new_tokens=2), str)  # answered within the deadline
     server.freeze()
-    began = time.monotonic()
-    with pytest.raises(ServerUnavailableError, match=r"its job_deadline=1s passed.*backend.options.job_deadline"):
+    with pytest.raises(ServerUnavailableError, match=r"its job_deadline=8s passed.*backend.options.job_deadline"):
         pipeline.generate(messages=CHAT, max_new_tokens=2)
-    assert time.monotonic() - began < 1.5
+    assert time.monotonic() - connected < 8 + 3  # not request_deadline=60 nor request_timeout=30
 
 
 def test_the_servers_error_text_reaches_the_console_once(client, server, caplog):
