@@ -16,8 +16,8 @@ from typing import Any
 
 from wandb.proto import wandb_internal_pb2
 
-# Small enough to keep each job to a few seconds on CPU.
-FAST = ["suite.limit=2", "suite.generate_overrides.max_tokens=6", "progress=false"]
+# The tiny random model (the default job runs SmolLM2): jobs of a few seconds on CPU.
+FAST = ["model=tiny", "suite.limit=2", "suite.generate_overrides.max_tokens=6", "progress=false"]
 
 BLOCK = 32768
 HEADER = 7

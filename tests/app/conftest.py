@@ -14,15 +14,23 @@ from hydra.core.global_hydra import GlobalHydra
 from steer_hydra.app.schema import register_configs
 
 
+def with_tiny_model(overrides) -> list[str]:
+    """App tests run the tiny random model unless they choose one (the default job runs SmolLM2)."""
+    overrides = list(overrides)
+    chosen = any(o.lstrip("+~").startswith(("model=", "experiment=")) for o in overrides)
+    return overrides if chosen else ["model=tiny", *overrides]
+
+
 @pytest.fixture
 def compose_cfg():
     """`compose_cfg(overrides, return_hydra_config=False)` -> the composed primary config."""
     register_configs()
 
-    def factory(overrides=(), return_hydra_config=False):
+    def factory(overrides=(), return_hydra_config=False, default_model=False):
         GlobalHydra.instance().clear()
+        overrides = list(overrides) if default_model else with_tiny_model(overrides)
         with initialize_config_module(config_module="steer_hydra.conf", version_base="1.3"):
-            return compose("config", overrides=list(overrides), return_hydra_config=return_hydra_config)
+            return compose("config", overrides=overrides, return_hydra_config=return_hydra_config)
 
     yield factory
     GlobalHydra.instance().clear()
@@ -36,7 +44,7 @@ def run_app(tmp_path):
         full_env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0", **(env or {})}
         full_env.pop("PYTEST_CURRENT_TEST", None)
         return subprocess.run(
-            [sys.executable, "-m", "steer_hydra", *args],
+            [sys.executable, "-m", "steer_hydra", *with_tiny_model(args)],
             cwd=cwd or tmp_path,
             env=full_env,
             capture_output=True,

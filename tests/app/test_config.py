@@ -18,9 +18,10 @@ def options(group: str) -> list[str]:
     return sorted(p.name.removesuffix(".yaml") for p in CONF.joinpath(group).iterdir() if p.name.endswith(".yaml"))
 
 
-def test_defaults_are_the_offline_tiny_baseline_on_smoke(compose_cfg):
-    cfg = compose_cfg()
-    assert cfg.model.model_name_or_path == "steer_hydra:tiny"
+def test_defaults_are_the_offline_smollm2_baseline_on_smoke(compose_cfg):
+    cfg = compose_cfg(default_model=True)
+    assert cfg.model.model_name_or_path == "steer_hydra:smollm2"
+    assert compose_cfg().model.model_name_or_path == "steer_hydra:tiny"  # what the app tests run
     assert (cfg.arm.name, dict(cfg.arm.controls), cfg.suite.name, cfg.backend.kind.value) == (
         "baseline",
         {},
@@ -42,7 +43,8 @@ def test_every_control_option_instantiates(compose_cfg, option):
 
 @pytest.mark.parametrize("option", options("arm"))
 def test_every_arm_option_builds_a_plan(compose_cfg, option):
-    plan = JobPlan.from_config(compose_cfg([f"arm={option}"]))
+    # the default model: outside the app, the arm's default config_id is composed under it (arm_model included)
+    plan = JobPlan.from_config(compose_cfg([f"arm={option}"], default_model=True))
     assert plan.arm == option
     assert (plan.config_id == "baseline") == (option == "baseline")
     assert all(isinstance(c, BaseControl) for c in plan.controls) and len(plan.controls) >= (option != "baseline")

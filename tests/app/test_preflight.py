@@ -47,7 +47,9 @@ def _run_main(overrides, tmp_path, monkeypatch):
 
     monkeypatch.setattr(job_module, "run_job", no_job)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(sys, "argv", ["steer_hydra", f"output_root={tmp_path}", "logger=none", *overrides])
+    monkeypatch.setattr(
+        sys, "argv", ["steer_hydra", "model=tiny", f"output_root={tmp_path}", "logger=none", *overrides]
+    )
     GlobalHydra.instance().clear()
     began = time.monotonic()
     try:
