@@ -18,9 +18,9 @@ Contract:
   `max_connections` is given, and with it given `max_samples` defaults to the same value. That number is the
   ceiling under static batching (batches fill exactly) and twice the ceiling under refill (a freed slot finds
   the next request waiting); `inspect_max_connections(model)` returns it.
-- Batching (`ProviderOptions.batching`): "refill" (the default where the pipeline allows it) decodes every
+- Batching (`ProviderOptions.batching`): "refill" (or "auto": refill where the pipeline allows it) decodes every
   request in one loop that refills a finished row's slot at once (`refill_serving.RefillCollator`); "static"
-  runs each batch until its longest row ends (`batching.LockLeaderCollator`).
+  (the default) runs each batch until its longest row ends (`batching.LockLeaderCollator`).
 """
 
 from __future__ import annotations
@@ -150,8 +150,8 @@ class ProviderOptions:
             refill always samples each row from its own item seed.
         batching: "refill" decodes in one loop that refills a finished row's slot with the next request
             (`RefillCollator`; Hugging Face backend, controls that declare `supports_refill`), "static" runs
-            each batch until its longest row ends (`LockLeaderCollator`), "auto" (default) refills whenever the
-            pipeline allows it and the ceiling is above 1.
+            each batch until its longest row ends (`LockLeaderCollator`, the default), "auto" refills whenever
+            the pipeline allows it and the ceiling is above 1.
     """
 
     runtime_kwargs: Mapping[str, Any] = field(default_factory=dict)
@@ -163,7 +163,7 @@ class ProviderOptions:
     reasoning_split: str = "auto"
     on_unsupported_param: str = "raise"
     seed_scope: str = "dispatch"
-    batching: str = "auto"
+    batching: str = "static"
 
     def __post_init__(self) -> None:
         if not isinstance(self.runtime_kwargs, Mapping):
