@@ -55,9 +55,13 @@ def display_name(name: str, config_id: str, default_config_id: str | None) -> st
 
 
 def _choices() -> dict[str, Any]:
+    """The job's group choices, plus its `hydra.searchpath` (user config groups) under that key, inside the app."""
     from hydra.core.hydra_config import HydraConfig
 
-    return dict(HydraConfig.get().runtime.choices) if HydraConfig.initialized() else {}
+    if not HydraConfig.initialized():
+        return {}
+    hydra_cfg = HydraConfig.get()
+    return {**hydra_cfg.runtime.choices, "hydra.searchpath": list(hydra_cfg.searchpath or [])}
 
 
 def arm_default_config_id(arm_choice: str, choices: Mapping[str, Any] | None = None) -> str | None:
@@ -72,6 +76,8 @@ def arm_default_config_id(arm_choice: str, choices: Mapping[str, Any] | None = N
     overrides = [f"arm={arm_choice}"] + [
         f"{group}={choices[group]}" for group in ("model", "experiment") if choices.get(group) is not None
     ]
+    if choices.get("hydra.searchpath"):  # the user's own groups (an arm defined outside the package)
+        overrides.append(f"hydra.searchpath=[{','.join(choices['hydra.searchpath'])}]")
     try:
         if GlobalHydra.instance().is_initialized():  # inside the app: its search path, user groups included
             cfg = compose("config", overrides=overrides)

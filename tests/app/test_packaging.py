@@ -8,8 +8,13 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import open_dict
 
 from steer_hydra.app.plan import JobPlan
+from steer_hydra.app.schema import register_configs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,13 +64,26 @@ def test_the_app_composes_from_any_working_directory(run_app, tmp_path):
     assert "_target_: steer_hydra.controls.state.PASTA" in proc.stdout
 
 
-def test_user_groups_join_through_the_search_path(compose_cfg, tmp_path):
+def test_user_groups_join_through_the_search_path(tmp_path):
     arm_dir = tmp_path / "my_conf" / "arm"
     arm_dir.mkdir(parents=True)
     (arm_dir / "mine.yaml").write_text(
         "# @package arm\ndefaults:\n  - /control@controls.sys: system_prompt\n\nname: mine\n"
         "controls:\n  sys:\n    text: Only answer in French.\n"
     )
-    cfg = compose_cfg([f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]", "arm=mine"])
-    plan = JobPlan.from_config(cfg)
+    overrides = ["model=tiny", f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]", "arm=mine"]
+    register_configs()
+    GlobalHydra.instance().clear()
+    # as in the app: the plan is built while Hydra (and so the user's search path) is initialized, which is how
+    # the arm's YAML defaults are found for its display name
+    try:
+        with initialize_config_module(config_module="steer_hydra.conf", version_base="1.3"):
+            cfg = compose("config", overrides=overrides, return_hydra_config=True)
+            HydraConfig.instance().set_config(cfg)
+            with open_dict(cfg):
+                del cfg["hydra"]
+            plan = JobPlan.from_config(cfg)
+    finally:
+        HydraConfig.instance().cfg = None
+        GlobalHydra.instance().clear()
     assert plan.arm == "mine" and plan.controls[0].text == "Only answer in French."
