@@ -15,6 +15,8 @@ from typing import Any, Optional  # noqa: UP035  (OmegaConf needs typing.Optiona
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from steer_hydra.evaluation.provider import BATCHING_MODES
+
 
 def _choices(name: str, values: tuple[str, ...]) -> type[enum.Enum]:
     """A closed set of strings as an Enum whose member names are the values (OmegaConf validates by name)."""
@@ -24,6 +26,7 @@ def _choices(name: str, values: tuple[str, ...]) -> type[enum.Enum]:
 BackendKind = _choices("BackendKind", ("huggingface", "vllm", "vllm_serve"))
 SeedScope = _choices("SeedScope", ("item", "dispatch"))
 ReasoningSplit = _choices("ReasoningSplit", ("auto", "text", "tokens"))
+Batching = _choices("Batching", BATCHING_MODES)
 OnUnsupportedParam = _choices("OnUnsupportedParam", ("raise", "warn"))
 OnUnsupported = _choices("OnUnsupported", ("raise", "skip"))
 LoggerKind = _choices("LoggerKind", ("wandb", "none"))
@@ -76,6 +79,7 @@ class ProviderConfig:
     reasoning_split: ReasoningSplit = ReasoningSplit.auto
     on_unsupported_param: OnUnsupportedParam = OnUnsupportedParam["raise"]
     seed_scope: SeedScope = SeedScope.dispatch
+    batching: Batching = Batching.static  # "refill" frees a finished row's slot at once (Hugging Face backend)
 
 
 @dataclass

@@ -24,6 +24,7 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -114,6 +115,8 @@ class RefillEngine:
         self._device = model.get_input_embeddings().weight.device
         self._rows: list[_Active] = []
         self._cache: DynamicCache | None = None
+        # transformers 5.24 names the KV cache `cache` (argument and output field); 5.19 `past_key_values`
+        self._cache_key = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
         self._mask: torch.Tensor | None = None  # [rows, T]
         self._hooks: list | None = None
         self.stats = RefillStats()
@@ -154,12 +157,12 @@ class RefillEngine:
                 input_ids=ids,
                 attention_mask=mask,
                 position_ids=positions,
-                cache=cache,
+                **{self._cache_key: cache},
                 use_cache=True,
                 logits_to_keep=1,
             )
         logits = out.logits[:, -1].to(dtype=torch.float32)
-        cache = out.cache
+        cache = out[self._cache_key]
         if not all(type(layer) is DynamicLayer for layer in cache.layers):
             raise NotImplementedError(
                 "refill needs a full-attention KV cache; this model has sliding-window layers. "
@@ -226,7 +229,7 @@ class RefillEngine:
                     input_ids=tokens,
                     attention_mask=mask,
                     position_ids=positions,
-                    cache=self._cache,
+                    **{self._cache_key: self._cache},
                     use_cache=True,
                     logits_to_keep=1,
                 )
