@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import open_dict
 
 from steer_hydra.app.schema import register_configs
 
@@ -30,9 +32,17 @@ def compose_cfg():
         GlobalHydra.instance().clear()
         overrides = list(overrides) if default_model else with_tiny_model(overrides)
         with initialize_config_module(config_module="steer_hydra.conf", version_base="1.3"):
-            return compose("config", overrides=overrides, return_hydra_config=return_hydra_config)
+            cfg = compose("config", overrides=overrides, return_hydra_config=True)
+        # as inside the app: HydraConfig holds the job's group choices (the arm's display name is judged under the
+        # job's own model option, not the default one)
+        HydraConfig.instance().set_config(cfg)
+        if not return_hydra_config:
+            with open_dict(cfg):
+                del cfg["hydra"]
+        return cfg
 
     yield factory
+    HydraConfig.instance().cfg = None
     GlobalHydra.instance().clear()
 
 
