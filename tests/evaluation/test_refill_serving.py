@@ -136,6 +136,8 @@ def test_a_waiter_cancelled_while_queued_is_never_admitted(make_pipeline):
         second = collator.admit(chat(WORDS[1]), {"max_new_tokens": 30}, {}, 1)
         async with anyio.create_task_group() as tg:
             tg.start_soon(collator.serve, first)
+            while collator.engine is None or collator.engine.stats.admitted < 1:  # first holds the only slot
+                await anyio.sleep(0.01)
             with anyio.CancelScope() as scope:
                 scope.cancel()
                 await collator.serve(second)
