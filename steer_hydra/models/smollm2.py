@@ -19,10 +19,10 @@ import importlib.util
 import json
 import logging
 import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
+
+from steer_hydra.models.cache import build_once
 
 logger = logging.getLogger(__name__)
 
@@ -91,18 +91,6 @@ def resolve_smollm2_reference(cache_root: Path) -> str:
     """The cached float32 folder of SmolLM2-135M-Instruct, converting it once (atomically) when absent."""
     source = gguf_path()
     target = cache_root / "models" / f"smollm2-135m-instruct-{_digest(source)}"
-    if (target / "config.json").exists():
-        return str(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    logger.info("Converting SmolLM2-135M-Instruct from %s once (about a minute on 2 cores)", source)
-    staging = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=target.parent))
-    try:
-        convert_gguf(source, staging)
-        try:
-            os.rename(staging, target)
-        except OSError:  # another process won the race; its copy is identical
-            if not (target / "config.json").exists():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return str(target)
+    if not (target / "config.json").exists():
+        logger.info("Converting SmolLM2-135M-Instruct from %s once (about a minute on 2 cores)", source)
+    return build_once(target, lambda staging: convert_gguf(source, staging))

@@ -15,8 +15,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +23,8 @@ from urllib.parse import parse_qsl
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from steer_hydra.models.cache import build_once
 
 TINY_REF = "steer_hydra:tiny"
 TINY_BASE_REF = "steer_hydra:tiny-base"
@@ -213,17 +213,4 @@ def resolve_tiny_reference(ref: str, cache_root: Path) -> str:
     """A loadable path for a tiny reference under `cache_root` (built once, atomically)."""
     spec = parse_tiny_reference(ref)
     target = cache_root / "models" / f"tiny-{spec.digest()}"
-    if (target / "config.json").exists():
-        return str(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".tiny-", dir=target.parent))
-    try:
-        save_tiny_model(staging, spec)
-        try:
-            os.rename(staging, target)
-        except OSError:  # another process won the race; its copy is identical
-            if not (target / "config.json").exists():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return str(target)
+    return build_once(target, lambda staging: save_tiny_model(staging, spec))
