@@ -174,17 +174,14 @@ def aggregate_sweep_dir(sweep_dir: str | Path, config: DictConfig, *, track: boo
 def _track(
     config: DictConfig, logger_cfg: dict, out_dir: Path, records: Sequence[Mapping], out: Mapping[str, Any]
 ) -> None:
-    tracker = Tracker(
-        project=logger_cfg["project"],
-        entity=logger_cfg.get("entity"),
-        mode=logger_cfg.get("mode"),
+    tracker = Tracker.from_logger(
+        logger_cfg,
         directory=out_dir,
         name=f"{config.experiment_name}-sweep",
         group=str(config.experiment_name),
         job_type="sweep_summary",
         tags=["sweep_summary", *map(str, config.tags)],
         config={"jobs": len(records), "missing_jobs": len(out["missing"]), "baseline_arm": str(config.baseline_arm)},
-        init_timeout=logger_cfg.get("init_timeout"),
     ).start()
     exit_code = 1
     try:

@@ -78,10 +78,8 @@ def make_tracker(cfg: DictConfig, plan: JobPlan, output_dir: Path) -> Tracker | 
     if logger_cfg["kind"] == "none":
         return None
     tags = [plan.arm, plan.suite.name, plan.model["name"], plan.backend.kind, *map(str, cfg.tags)]
-    return Tracker(
-        project=logger_cfg["project"],
-        entity=logger_cfg.get("entity"),
-        mode=logger_cfg.get("mode"),
+    return Tracker.from_logger(
+        logger_cfg,
         directory=output_dir,
         name=f"{plan.arm}-{plan.suite.name}-seed{plan.seed}",
         group=str(cfg.experiment_name),

@@ -278,10 +278,8 @@ class StudySelection(Callback):
         logger_cfg = to_plain(OmegaConf.select(config, "logger") or {"kind": "none"})
         if logger_cfg.get("kind") == "none":
             return
-        tracker = Tracker(
-            project=logger_cfg["project"],
-            entity=logger_cfg.get("entity"),
-            mode=logger_cfg.get("mode"),
+        tracker = Tracker.from_logger(
+            logger_cfg,
             directory=out_dir,
             name=f"{config.experiment_name}-study",
             group=str(config.experiment_name),

@@ -102,6 +102,19 @@ class Tracker:
         self.run: Any = None
         self.logged_summary: dict[str, Any] = {}
 
+    @classmethod
+    def from_logger(cls, logger_cfg: Mapping[str, Any], *, directory: str | os.PathLike, **run: Any) -> Tracker:
+        """A tracker from the `logger` config group (project, entity, mode, init_timeout) plus the run's fields
+        (`name`, `group`, `job_type`, `tags`, `config`): the one place a logger config becomes a W&B run."""
+        return cls(
+            project=logger_cfg["project"],
+            entity=logger_cfg.get("entity"),
+            mode=logger_cfg.get("mode"),
+            directory=directory,
+            init_timeout=logger_cfg.get("init_timeout"),
+            **run,
+        )
+
     @property
     def active(self) -> bool:
         return self.run is not None

@@ -113,3 +113,16 @@ def test_an_empty_wandb_mode_is_the_default_offline_run(wandb_env, tmp_path):
     finally:
         tracker.finish()
     assert "WANDB_INIT_TIMEOUT" not in os.environ  # set for the init only
+
+
+def test_from_logger_takes_project_entity_mode_and_init_timeout_from_the_logger_group(tmp_path):
+    logger_cfg = {"kind": "wandb", "project": "proj", "entity": "team", "mode": "offline", "init_timeout": 4}
+    tracker = Tracker.from_logger(logger_cfg, directory=tmp_path, name="n", job_type="study_selection", tags=["t"])
+    assert tracker.init_timeout == 4.0 and tracker.mode == "offline"
+    assert {k: tracker.init_kwargs[k] for k in ("project", "entity", "name", "job_type", "tags")} == {
+        "project": "proj",
+        "entity": "team",
+        "name": "n",
+        "job_type": "study_selection",
+        "tags": ["t"],
+    }
