@@ -22,7 +22,7 @@ import logging
 import os
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ from steer_hydra.core.identity import BASELINE_CONFIG_ID, canonical_value, confi
 from steer_hydra.core.sweeps import config_descriptor_from_controls
 from steer_hydra.evaluation.provider import ProviderOptions
 from steer_hydra.evaluation.runner import SteeringEval
-from steer_hydra.evaluation.suite import InspectSuite
+from steer_hydra.evaluation.suite import RETRY_FIELDS, InspectSuite
 
 logger = logging.getLogger(__name__)
 
@@ -146,6 +146,7 @@ class JobPlan:
     arm_name: str = ""  # the arm's YAML `name`
     baseline_config_id: str = BASELINE_CONFIG_ID
     _holder: Path | None = field(default=None, repr=False)
+    _backend_identity: dict[str, Any] | None = field(default=None, repr=False)
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> JobPlan:
@@ -205,16 +206,21 @@ class JobPlan:
         )
 
     def protocol(self) -> dict[str, Any]:
-        """What makes logs in `save_dir` comparable: everything but the arm (which has its own directory); values
-        that look like secrets are redacted (the file is shared and read by people)."""
+        """What makes logs in `save_dir` comparable: everything but the arm (which has its own directory) and the
+        suite's retry policy; once a cell is about to run, the backend's `identity()` (a server's served model
+        rather than its address). Values that look like secrets are redacted (the file is shared and read)."""
+        backend: dict[str, Any] = {"kind": self.backend.kind, "options": self._backend_protocol_options()}
+        if self._backend_identity is not None:
+            backend["identity"] = self._backend_identity
+        suite = {f.name: getattr(self.suite, f.name) for f in fields(self.suite) if f.name not in RETRY_FIELDS}
         return redact(
             canonical_value(
                 {
                     "model": {k: v for k, v in self.model.items() if k != "name"},
-                    "backend": {"kind": self.backend.kind, "options": self._backend_protocol_options()},
+                    "backend": backend,
                     "provider": self.options,
                     "generate_defaults": self.generate_defaults,
-                    "suite": self.suite,
+                    "suite": suite,
                     "seed": self.seed,
                 }
             )
@@ -237,6 +243,8 @@ class JobPlan:
         if not self.protocol_path.exists():
             return
         previous, current = read_json(self.protocol_path), self.protocol()
+        if "identity" not in current["backend"]:  # not loaded yet: compared at the claim
+            previous.get("backend", {}).pop("identity", None)
         if previous != current:
             changed = "; ".join(changed_leaves(previous, current)[:6])
             raise ConfigError(
@@ -246,14 +254,16 @@ class JobPlan:
                 "settings."
             )
 
-    def claim_protocol(self, *_cell: Any) -> None:
+    def claim_protocol(self, *_cell: Any, pipeline: Any = None) -> None:
         """Check and claim this suite's protocol and record this configuration, atomically under the save_dir lock.
 
-        Called right before the first cell is evaluated (idempotent); `release_claim` undoes a claim that no log
-        came to back.
+        Called by the runner right before the first cell is evaluated (idempotent), with the loaded `pipeline`
+        whose backend identity joins the protocol; `release_claim` undoes a claim that no log came to back.
         """
         if self._holder is not None:
             return
+        if pipeline is not None:
+            self._backend_identity = pipeline.backend_identity()
         with locked(self.save_dir / LOCK_FILE):
             self.check_protocol()
             if not self.protocol_path.exists():

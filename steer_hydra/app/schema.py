@@ -63,7 +63,8 @@ class SuiteConfig:
     sample_ids: Optional[dict[str, list[Any]]] = None  # noqa: UP045
     task_args: dict[str, Any] = field(default_factory=dict)
     generate_overrides: dict[str, Any] = field(default_factory=dict)
-    retry_attempts: int = 3
+    retry_attempts: int = 1
+    retry_on_error: int = 1
 
 
 @dataclass

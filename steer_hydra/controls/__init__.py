@@ -1,2 +1,1 @@
-"""Steering methods, one module per method, grouped by category (input, state, output; structural controls
-subclass `core.controls.StructuralControl`, none built in yet)."""
+"""Steering methods, one module per method, grouped by category (input, state, output, structural)."""

@@ -31,7 +31,10 @@ import pandas as pd
 
 logger = logging.getLogger(__name__)
 
-RESULT_COLUMNS = ("config", "config_id", "trial", "seed", "suite", "task", "scorer", "metric", "value", "n", "log")
+RESULT_COLUMNS = (
+    *("config", "config_id", "trial", "seed", "suite", "task"),
+    *("scorer", "metric", "value", "n", "failed", "log"),
+)
 CELL_COLUMNS = ("config", "config_id", "trial", "seed", "suite", "task", "log")
 RUN_ID_COLUMNS = ("pipeline", "config_id", "trial_id", "seed")
 SAMPLE_ID_COLUMNS = ("pipeline", "config_id", "trial_id", "seed", "suite", "task", "sample_id")
@@ -43,7 +46,8 @@ DELTA_METHODS = ("bootstrap", "normal")
 def results_frame(results: Mapping[str, Sequence[Mapping[str, Any]]]) -> pd.DataFrame:
     """Flatten `{name: [record, ...]}` (as `SteeringEval.run()` returns) into the results frame.
 
-    Columns are exactly `RESULT_COLUMNS`; each metric key is split at its first "/" into scorer and metric.
+    Columns are exactly `RESULT_COLUMNS`; each metric key is split at its first "/" into scorer and metric. `n` counts
+    the scored samples the metric is over, `failed` the samples whose generation or scoring failed (no score).
     """
     rows = []
     for config, records in results.items():
@@ -66,6 +70,7 @@ def results_frame(results: Mapping[str, Sequence[Mapping[str, Any]]]) -> pd.Data
                                 metric,
                                 value,
                                 result.get("n"),
+                                result.get("failed", 0),
                                 result.get("log"),
                             )
                         )
@@ -528,14 +533,17 @@ def _numeric_scores(series: pd.Series, metric: str) -> pd.Series:
 
 
 # ---------------------------------------------------------------------------------------------- logs on disk
-def _success_logs(log_dir: Path) -> dict[str, tuple[str, Any]]:
-    """`{task: (path, header)}` of the newest `success` log per task in one directory."""
+def _finished_logs(log_dir: Path) -> dict[str, tuple[str, Any]]:
+    """`{task: (path, header)}` of the newest finished log per task in one directory: status `success`, or `error`
+    from failed samples only (`is_partial`: the rest were scored)."""
     from inspect_ai.log import list_eval_logs, read_eval_log
+
+    from steer_hydra.evaluation.suite import is_partial
 
     chosen: dict[str, tuple[str, Any]] = {}
     for info in list_eval_logs(str(log_dir), recursive=False):
         header = read_eval_log(info, header_only=True)
-        if header.status != "success":
+        if header.status != "success" and not is_partial(header):
             continue
         task = header.eval.task
         previous = chosen.get(task)
@@ -562,7 +570,7 @@ def _records_from_logs(
             for suite_dir in sorted(p for p in trial_dir.iterdir() if p.is_dir()):
                 tasks: dict[str, Any] = {}
                 for log_dir in [suite_dir, *sorted(p for p in suite_dir.iterdir() if p.is_dir())]:
-                    for task, (location, header) in _success_logs(log_dir).items():
+                    for task, (location, header) in _finished_logs(log_dir).items():
                         tasks[task] = _flatten_header(header, location, save_dir)
                 if tasks:
                     suites[suite_dir.name] = tasks
@@ -588,11 +596,11 @@ def results_from_logs(
 ) -> pd.DataFrame:
     """The results frame rebuilt from `save_dir/inspect_logs/<config_id>/trial_<t>/<suite>/` alone.
 
-    Per (config, trial, suite) cell and task, the newest log with status `success` is read; partial logs left
-    by an interrupted run (status `started`) and superseded logs are ignored. `names` maps config_id to the
-    pipeline name (default: the config_id); `seeds` maps (config_id, trial) to the trial seed (default None);
-    `config_ids` keeps only those configurations (default: every one in the save_dir). Log locations are
-    relative to `save_dir`.
+    Per (config, trial, suite) cell and task, the newest finished log is read (status `success`, or `error` from
+    failed samples only); logs left by an interrupted run (status `started`) and superseded logs are ignored.
+    `names` maps config_id to the pipeline name (default: the config_id); `seeds` maps (config_id, trial) to the
+    trial seed (default None); `config_ids` keeps only those configurations (default: every one in the save_dir).
+    Log locations are relative to `save_dir`.
     """
     return results_frame(_records_from_logs(Path(save_dir), names, seeds, config_ids))
 
@@ -609,7 +617,7 @@ def cells_from_logs(
 
 
 def _flatten_header(header: Any, location: str, save_dir: Path) -> dict[str, Any]:
-    from steer_hydra.evaluation.suite import normalize_location
+    from steer_hydra.evaluation.suite import failed_count, normalize_location
 
     metrics = {}
     for score in getattr(header.results, "scores", None) or []:
@@ -618,6 +626,7 @@ def _flatten_header(header: Any, location: str, save_dir: Path) -> dict[str, Any
     return {
         "metrics": metrics,
         "n": int(header.results.completed_samples) if header.results is not None else 0,
+        "failed": failed_count(header),
         "log": normalize_location(location, save_dir),
     }
 

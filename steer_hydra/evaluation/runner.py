@@ -9,9 +9,9 @@ Invariants:
   `save_dir/inspect_logs/<config_id>/trial_<t>/<suite>/`; the `.eval` logs there are the record of the run and
   the only checkpoint: re-running into the same `save_dir` completes only missing samples (a changed protocol
   needs a new `save_dir`);
-- a finished cell leaves a small index `save_dir/cells/<config_id>/trial_<t>/<suite>.json` (its task results,
-  log locations and a key of everything that produced it); a configuration whose cells are all indexed under
-  the same key, with their logs present, is reused without loading a model (provenance `reused: True`);
+- a finished cell without failed samples leaves a small index `save_dir/cells/<config_id>/trial_<t>/<suite>.json`
+  (its task results, log locations and a key of everything that produced it); a configuration whose cells are all
+  indexed under the same key, with their logs present, is reused without loading a model (provenance `reused: True`);
 - Inspect is not imported here at module level: frames read the logs lazily.
 """
 
@@ -85,9 +85,9 @@ class SteeringEval:
             directory (not resumable).
         progress: draw a tqdm bar over the cells.
         display: Inspect's display inside each cell ("none", "plain", ...).
-        before_cell: called as `before_cell(config_id, trial_id, suite_name)` once the configuration's pipeline is
-            built and steered, right before each cell is evaluated (not for reused cells); the Hydra job claims
-            its save_dir protocol here, so a run that fails earlier claims nothing.
+        before_cell: called as `before_cell(config_id, trial_id, suite_name, pipeline=pipeline)` once the
+            configuration's pipeline is built and steered, right before each cell is evaluated (not for reused
+            cells); the Hydra job claims its save_dir protocol here, so a run that fails earlier claims nothing.
     """
 
     def __init__(
@@ -109,7 +109,7 @@ class SteeringEval:
         save_dir: str | Path | None = None,
         progress: bool = True,
         display: str = "none",
-        before_cell: Callable[[str, int, str], None] | None = None,
+        before_cell: Callable[..., None] | None = None,
     ) -> None:
         if not isinstance(pipelines, Mapping):
             raise TypeError(
@@ -155,7 +155,7 @@ class SteeringEval:
         """Evaluate every configuration x trial x suite; returns `{pipeline name: [run record, ...]}`.
 
         A run record holds `trial_id`, `seed`, `config_id`, `params`, `suites` (`{suite: {task: {"metrics",
-        "n", "log"}}}`, logs relative to `save_dir`) and `provenance`.
+        "n", "failed", "log"}}}`, logs relative to `save_dir`) and `provenance`.
         """
         points = expand_configurations(self.pipelines, self.base_model_name_or_path)
         reports = preflight(
@@ -245,7 +245,7 @@ class SteeringEval:
                                 suite.name,
                             )
                             if self.before_cell is not None:
-                                self.before_cell(point.config_id, trial, suite.name)
+                                self.before_cell(point.config_id, trial, suite.name, pipeline=pipeline)
                             with _root_log_level_kept():
                                 out = suite.run(
                                     pipeline,
@@ -313,8 +313,8 @@ class SteeringEval:
         self, root: Path, config_id: str, trial: int, suite: InspectSuite, tasks: Mapping[str, Any], static: Any
     ) -> None:
         key = self._cell_key(config_id, trial, suite)
-        if key is None or self.save_dir is None or not tasks:
-            return
+        if key is None or self.save_dir is None or not tasks or any(t.get("failed") for t in tasks.values()):
+            return  # a cell with failed samples stays unindexed: a re-run retries them (Inspect reuses the rest)
         path = root / "cells" / config_id / f"trial_{trial}" / f"{suite.name}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

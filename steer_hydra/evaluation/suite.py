@@ -7,7 +7,12 @@ Invariants:
 - `eval_set` gives task retry and log-based resume: a re-run into the same `log_dir` completes only the missing
   samples. Give every (configuration, trial, suite) cell its own `log_dir` (a different task identity in the same
   directory is refused by Inspect);
-- a failed `eval_set` raises naming the failed tasks and the log directory; no partial results are returned.
+- a bad sample fails alone: a sample whose generation or scoring raises is retried `retry_on_error` times at once,
+  then its task runs to the end (`continue_on_fail`), the other samples are scored and the log ends with status
+  `error`. `eval_set` retries such a task `retry_attempts` times, re-running only its failed samples (the others are
+  reused from the log), and so does a later re-run into the same `log_dir`. A task whose samples all failed, or that
+  failed as a whole, raises naming the task, the first failed samples with their errors, and the log directory;
+  otherwise the task's results count its failed samples (`failed`) and the suite warns naming them.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ logger = logging.getLogger(__name__)
 
 BUILTIN_TASK_PREFIX = "steer_hydra/"
 RESPONSE_CACHE_KEYS = ("cache", "cache_prompt")
+RETRY_FIELDS = ("retry_attempts", "retry_on_error")  # how failures are retried, not what is evaluated
 
 
 def task_name(task: Any) -> str:
@@ -44,7 +50,8 @@ class InspectSuite:
         task_args: forwarded to every task.
         generate_overrides: generation settings (and other `eval_set` options) that win over the runner's
             `generate_defaults`, e.g. `{"max_tokens": 64}`.
-        retry_attempts: `eval_set` task retries.
+        retry_attempts: `eval_set` task retries; each re-runs only the task's failed samples.
+        retry_on_error: immediate retries of a failed sample within one attempt.
     """
 
     name: str
@@ -53,7 +60,8 @@ class InspectSuite:
     sample_ids: Mapping[str, tuple[Any, ...]] | None = None
     task_args: Mapping[str, Any] = field(default_factory=dict)
     generate_overrides: Mapping[str, Any] = field(default_factory=dict)
-    retry_attempts: int = 3
+    retry_attempts: int = 1
+    retry_on_error: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -84,8 +92,10 @@ class InspectSuite:
             object.__setattr__(self, "sample_ids", ids)
         object.__setattr__(self, "task_args", dict(self.task_args))
         object.__setattr__(self, "generate_overrides", dict(self.generate_overrides))
-        if self.retry_attempts < 0:
-            raise ValueError(f"InspectSuite {self.name!r}: retry_attempts must be >= 0; got {self.retry_attempts}.")
+        for key in RETRY_FIELDS:
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"InspectSuite {self.name!r}: {key} must be an int >= 0; got {value!r}.")
 
     def task_names(self) -> list[str]:
         return [task_name(t) for t in self.tasks]
@@ -102,11 +112,14 @@ class InspectSuite:
         display: str = "none",
         score: bool = True,
         model_roles: Mapping[str, Any] | None = None,
+        tags: Sequence[str] | None = None,
+        metadata: Mapping[str, Any] | None = None,
     ) -> dict[str, dict[str, Any]]:
         """Evaluate every task against the steered `pipeline`; logs go to `log_dir` (resumable).
 
-        Returns `{task: {"metrics": {"scorer/metric": value}, "n": completed samples, "log": location}}`, where
-        the location is relative to `log_dir` for local logs.
+        Returns `{task: {"metrics": {"scorer/metric": value}, "n": completed samples, "failed": samples without a
+        score, "log": location}}`, where the location is relative to `log_dir` for local logs. `tags` and
+        `metadata` go into every log's header (`inspect view` shows them; they are not part of task identity).
         """
         from inspect_ai import eval_set
 
@@ -123,6 +136,7 @@ class InspectSuite:
                 "steering configuration produced a response, so arms would read each other's outputs. "
                 "Remove it from generate_defaults/generate_overrides."
             )
+        _check_max_tokens(pipeline, settings.get("max_tokens", getattr(options, "default_max_tokens", None)))
         model = as_inspect_model(pipeline, options=options, base_seed=base_seed, model_name=model_name)
         settings.setdefault("max_connections", _batch_ceiling(model))
         common: dict[str, Any] = {
@@ -132,11 +146,19 @@ class InspectSuite:
             "max_tasks": 1,
             "display": display,
             "retry_attempts": self.retry_attempts,
+            "retry_on_error": self.retry_on_error,
+            "retry_immediate": self.retry_attempts > 0,  # Inspect warns that immediate retry is moot at 0
+            "fail_on_error": True,
+            "continue_on_fail": True,
             "score": score,
             **settings,
         }
         if model_roles:
             common["model_roles"] = dict(model_roles)
+        if tags:  # what `inspect view` shows beside the model name (not part of Inspect's task identity)
+            common["tags"] = [str(tag) for tag in tags]
+        if metadata:
+            common["metadata"] = dict(metadata)
         log_dir = Path(log_dir)
         logs: list[Any] = []
         try:
@@ -160,17 +182,84 @@ class InspectSuite:
     def _eval_set(self, eval_set: Any, tasks: list[Any], log_dir: Path, kwargs: dict[str, Any]) -> list[Any]:
         log_dir.mkdir(parents=True, exist_ok=True)
         success, logs = eval_set(tasks, log_dir=str(log_dir), **kwargs)
-        if not success:
-            failed = sorted(
-                str(getattr(getattr(log, "eval", None), "task", "unknown"))
-                for log in logs
-                if getattr(log, "status", None) != "success"
-            )
+        if success:
+            return list(logs)
+        broken = [log for log in logs if getattr(log, "status", None) != "success" and not is_partial(log)]
+        if broken or not logs:
+            details = "; ".join(_failure_summary(log) for log in broken) or "no log was written"
             raise RuntimeError(
-                f"Inspect eval_set failed for task(s): {', '.join(failed) or 'unknown'} (logs under {log_dir}). "
-                "Inspect the logs (inspect view) for the error; re-running resumes from them."
+                f"Inspect eval_set failed (logs under {log_dir}): {details}. Fix the cause (inspect view --log-dir "
+                f"{log_dir} shows each error); re-running the same command resumes from the logs."
             )
+        for log in logs:
+            if is_partial(log):
+                logger.warning("%s", _failure_summary(log))
         return list(logs)
+
+
+def is_partial(log: Any) -> bool:
+    """A log that ended `error` only because some samples failed: the task ran to the end and scored the rest."""
+    results = getattr(log, "results", None)
+    return (
+        getattr(log, "status", None) == "error"
+        and getattr(log, "error", None) is None
+        and results is not None
+        and int(results.completed_samples or 0) > 0
+    )
+
+
+def failed_count(log: Any) -> int:
+    """Samples of a log that ended without a score (total minus completed)."""
+    results = getattr(log, "results", None)
+    if results is None:
+        return 0
+    return max(0, int(results.total_samples or 0) - int(results.completed_samples or 0))
+
+
+def _failure_summary(log: Any, shown: int = 3) -> str:
+    """`task: N of M sample(s) failed: id 3: ValueError: ...` (or the task's own error when it failed whole)."""
+    task = str(getattr(getattr(log, "eval", None), "task", "unknown"))
+    error = getattr(log, "error", None)
+    if error is not None:
+        return f"task {task} failed: {_first_line(getattr(error, 'message', error))}"
+    outcomes = _sample_outcomes(log)
+    failures = [(sample_id, error) for sample_id, error in outcomes if error]
+    if not failures:
+        return f"task {task} ended with status {getattr(log, 'status', None)!r}"
+    listed = ", ".join(f"sample {sample_id}: {message}" for sample_id, message in failures[:shown])
+    more = f" (and {len(failures) - shown} more)" if len(failures) > shown else ""
+    return f"task {task}: {len(failures)} of {len(outcomes)} sample(s) failed after retries: {listed}{more}"
+
+
+def _sample_outcomes(log: Any) -> list[tuple[Any, str]]:
+    """`(sample id, first line of its error or "")` of every sample in the log file."""
+    location = getattr(log, "location", None)
+    if not location:
+        return []
+    from inspect_ai.log import read_eval_log_sample_summaries
+
+    try:
+        summaries = read_eval_log_sample_summaries(location)
+    except Exception:  # noqa: BLE001 - the summary is best effort; the log stays for inspect view
+        return []
+    return [(s.id, _first_line(s.error) if s.error else "") for s in summaries]
+
+
+def _first_line(message: Any) -> str:
+    lines = str(message).strip().splitlines()
+    return lines[0] if lines else ""
+
+
+def _check_max_tokens(pipeline: Any, max_tokens: Any) -> None:
+    """Refuse a `max_tokens` at or past the loaded model's context window (known only once it is loaded)."""
+    context = getattr(getattr(pipeline, "model", None), "config", None)
+    context = getattr(context, "max_position_embeddings", None)
+    if isinstance(context, int) and isinstance(max_tokens, int) and max_tokens >= context:
+        raise ValueError(
+            f"max_tokens={max_tokens} is not below the model's context window of {context} tokens "
+            "(max_position_embeddings). Fix: lower generate_defaults.max_tokens or suite.generate_overrides.max_tokens "
+            f"(or provider.default_max_tokens) below {context}."
+        )
 
 
 def _batch_ceiling(model: Any) -> int:
@@ -200,7 +289,7 @@ def normalize_location(location: str | None, log_dir: str | Path) -> str:
 
 
 def flatten_logs(logs: Sequence[Any], log_dir: str | Path) -> dict[str, dict[str, Any]]:
-    """`{log.eval.task: {"metrics": {"scorer/metric": value}, "n": completed, "log": location}}`."""
+    """`{log.eval.task: {"metrics": {"scorer/metric": value}, "n": completed, "failed": failed, "log": location}}`."""
     results: dict[str, dict[str, Any]] = {}
     for log in logs:
         metrics: dict[str, Any] = {}
@@ -211,6 +300,7 @@ def flatten_logs(logs: Sequence[Any], log_dir: str | Path) -> dict[str, dict[str
         results[log.eval.task] = {
             "metrics": metrics,
             "n": int(log_results.completed_samples) if log_results is not None else 0,
+            "failed": failed_count(log),
             "log": normalize_location(getattr(log, "location", None), log_dir),
         }
     return results

@@ -183,3 +183,23 @@ def test_bad_overrides_fail_fast_and_write_no_results(run_app, tmp_path, overrid
     written = [p for p in outputs.rglob("*") if p.is_file()] if outputs.exists() else []
     assert not [p for p in written if p.name in ("results.csv", "job_record.json") or p.suffix == ".eval"]
     assert not [p for p in written if "wandb" in p.parts]
+
+
+def test_the_protocol_records_the_served_model_not_the_retry_policy(compose_cfg, tmp_path):
+    from types import SimpleNamespace
+
+    def served(name):
+        return SimpleNamespace(backend_identity=lambda: {"kind": "vllm_serve", "served_model": name})
+
+    plan = JobPlan.from_config(compose_cfg([f"output_root={tmp_path}"]))
+    assert "retry_attempts" not in plan.protocol()["suite"] and "retry_on_error" not in plan.protocol()["suite"]
+    plan.claim_protocol("c", 0, "smoke", pipeline=served("model-a"))
+    assert json.loads(plan.protocol_path.read_text())["backend"]["identity"]["served_model"] == "model-a"
+    retried = JobPlan.from_config(compose_cfg([f"output_root={tmp_path}", "suite.retry_attempts=3"]))
+    retried.check_protocol()  # before load the identity is unknown: only the rest is compared
+    retried.claim_protocol("c", 0, "smoke", pipeline=served("model-a"))  # same served model: joins
+    other = JobPlan.from_config(compose_cfg([f"output_root={tmp_path}"]))
+    with pytest.raises(ConfigError, match=r"backend.identity.served_model: '?model-a'? -> '?model-b'?"):
+        other.claim_protocol("c", 0, "smoke", pipeline=served("model-b"))
+    retried.release_claim()
+    plan.release_claim()

@@ -391,7 +391,7 @@ def _small_eval(save_dir, **kwargs):
 
 def test_complete_cells_are_reused_without_loading_a_model(tmp_path, monkeypatch):
     claims = []
-    first = _small_eval(tmp_path, before_cell=lambda *cell: claims.append(cell)).run()
+    first = _small_eval(tmp_path, before_cell=lambda *cell, pipeline: claims.append(cell)).run()
     assert sorted(claims) == [("baseline", 0, "s"), (first["sys"][0]["config_id"], 0, "s")]
     assert not any(r["provenance"]["reused"] for rs in first.values() for r in rs)
 
@@ -399,7 +399,7 @@ def test_complete_cells_are_reused_without_loading_a_model(tmp_path, monkeypatch
         raise AssertionError("a model was loaded for complete cells")
 
     monkeypatch.setattr(runner_module.PipelineFactory, "steered", no_model)
-    again = _small_eval(tmp_path, before_cell=lambda *cell: claims.append(cell))
+    again = _small_eval(tmp_path, before_cell=lambda *cell, pipeline: claims.append(cell))
     second = again.run()
     assert len(claims) == 2  # nothing evaluated, nothing claimed
     assert all(r["provenance"]["reused"] for rs in second.values() for r in rs)

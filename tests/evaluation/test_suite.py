@@ -11,13 +11,16 @@ import steer_hydra.evaluation.provider as provider_module
 from steer_hydra.evaluation.suite import InspectSuite, flatten_logs, normalize_location, smoke_suite
 
 
-def _log(task, location, *, status="success", metrics=None, n=3, scorer="includes"):
+def _log(task, location, *, status="success", metrics=None, n=3, total=None, scorer="includes", error=None):
     metrics = metrics or {"accuracy": 0.5, "stderr": 0.1}
     results = SimpleNamespace(
         scores=[SimpleNamespace(name=scorer, metrics={k: SimpleNamespace(value=v) for k, v in metrics.items()})],
         completed_samples=n,
+        total_samples=n if total is None else total,
     )
-    return SimpleNamespace(status=status, eval=SimpleNamespace(task=task), results=results, location=location)
+    return SimpleNamespace(
+        status=status, eval=SimpleNamespace(task=task), results=results, location=location, error=error
+    )
 
 
 @pytest.fixture
@@ -46,7 +49,8 @@ def fake_inspect(monkeypatch):
         for task in tasks:
             name = task if isinstance(task, str) else task.name
             status = state.status.get(name, "success")
-            logs.append(_log(name, str(Path(log_dir) / f"{name.replace('/', '_')}.eval"), status=status))
+            error = None if status == "success" else SimpleNamespace(message=f"RuntimeError: {name} broke\ntrace")
+            logs.append(_log(name, str(Path(log_dir) / f"{name.replace('/', '_')}.eval"), status=status, error=error))
         return all(log.status == "success" for log in logs), logs
 
     monkeypatch.setattr(provider_module, "as_inspect_model", as_inspect_model)
@@ -95,13 +99,10 @@ def test_run_builds_one_model_and_calls_eval_set_once(fake_inspect, tmp_path):
     assert call["limit"] == 5
     assert call["temperature"] == 0 and call["max_tokens"] == 64  # the suite's override wins
     assert call["task_args"] == {"k": 1}
-    assert (call["epochs"], call["max_tasks"], call["display"], call["retry_attempts"], call["score"]) == (
-        1,
-        1,
-        "none",
-        3,
-        True,
-    )
+    assert (call["epochs"], call["max_tasks"], call["display"], call["score"]) == (1, 1, "none", True)
+    # a bad sample fails alone: retried at once, then the task runs on and is retried for its failed samples only
+    assert (call["fail_on_error"], call["continue_on_fail"]) == (True, True)
+    assert (call["retry_attempts"], call["retry_on_error"], call["retry_immediate"]) == (1, 1, True)
     assert call["max_connections"] == 4  # the provider's batch ceiling, passed explicitly
     assert "model_roles" not in call
     assert call["model"].name == "steer_hydra/abc123"
@@ -144,9 +145,13 @@ def test_sample_ids_run_one_eval_set_per_task_in_its_own_dir(fake_inspect, tmp_p
 def test_a_failed_eval_set_raises_naming_tasks_and_logs(fake_inspect, tmp_path):
     fake_inspect.status = {"t/b": "error", "t/a": "cancelled"}
     suite = InspectSuite(name="s", tasks=("t/c", "t/b", "t/a"))
-    with pytest.raises(RuntimeError, match=r"failed for task\(s\): t/a, t/b \(logs under ") as info:
+    with pytest.raises(RuntimeError, match=r"eval_set failed \(logs under ") as info:
         suite.run(object(), log_dir=tmp_path)
-    assert str(tmp_path) in str(info.value)
+    message = str(info.value)
+    assert str(tmp_path) in message
+    assert "task t/b failed: RuntimeError: t/b broke;" in message
+    assert "task t/a failed: RuntimeError: t/a broke" in message
+    assert "trace" not in message and "t/c" not in message
     assert fake_inspect.closed == 1  # the model is closed even on failure
 
 
@@ -154,7 +159,7 @@ def test_a_failure_without_logs_says_unknown(monkeypatch, fake_inspect, tmp_path
     import inspect_ai
 
     monkeypatch.setattr(inspect_ai, "eval_set", lambda tasks, log_dir, **kw: (False, []))
-    with pytest.raises(RuntimeError, match=r"task\(s\): unknown"):
+    with pytest.raises(RuntimeError, match=r"no log was written"):
         InspectSuite(name="s", tasks=("t/a",)).run(object(), log_dir=tmp_path)
 
 
@@ -165,8 +170,13 @@ def test_flattening_keys_metrics_by_scorer_and_keeps_stderr(tmp_path):
         SimpleNamespace(status="success", eval=SimpleNamespace(task="t/b"), results=None, location="b.eval"),
     ]
     out = flatten_logs(logs, tmp_path)
-    assert out["t/a"] == {"metrics": {"includes/accuracy": 1.0, "includes/stderr": 0.0}, "n": 4, "log": "a.eval"}
-    assert out["t/b"] == {"metrics": {}, "n": 0, "log": "b.eval"}
+    assert out["t/a"] == {
+        "metrics": {"includes/accuracy": 1.0, "includes/stderr": 0.0},
+        "n": 4,
+        "failed": 0,
+        "log": "a.eval",
+    }
+    assert out["t/b"] == {"metrics": {}, "n": 0, "failed": 0, "log": "b.eval"}
 
 
 def test_location_normalization(tmp_path):

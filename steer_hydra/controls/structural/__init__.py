@@ -1,0 +1,1 @@
+"""Structural controls: replace the model at steer() (merged weights, adapters). None built in yet."""
