@@ -36,7 +36,7 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 import torch  # noqa: E402
 
 from steer_hydra.core import BackendSpec, SteeringPipeline  # noqa: E402
-from steer_hydra.core.output import strip_trailing  # noqa: E402
+from steer_hydra.core.tensors import strip_trailing  # noqa: E402
 from steer_hydra.models import resolve_model_reference  # noqa: E402
 
 DEFAULT_MODEL = "steer_hydra:tiny?hidden_size=256&num_attention_heads=4&head_dim=64&intermediate_size=512"
@@ -122,7 +122,7 @@ def engine_pipeline(args: argparse.Namespace, path: str, dtype: str, stack: list
             "enforce_eager": args.enforce_eager,
         }
         return SteeringPipeline(path, controls=caa_controls(args, path), backend=BackendSpec("vllm", options)).steer()
-    from steer_hydra.backends.loopback_server import LoopbackCompletionsServer
+    from steer_hydra.testing.loopback_server import LoopbackCompletionsServer
 
     served = SteeringPipeline(path, device=args.device, hf_model_kwargs={"dtype": getattr(torch, dtype)}).steer()
     server = LoopbackCompletionsServer(served).start()
@@ -132,7 +132,7 @@ def engine_pipeline(args: argparse.Namespace, path: str, dtype: str, stack: list
 
 
 def smoke(pipeline: SteeringPipeline, label: str, log_root: Path) -> dict[str, Any]:
-    from steer_hydra.evaluation.suite import smoke_suite
+    from steer_hydra.tasks import smoke_suite
 
     results = smoke_suite(limit=4).run(pipeline, log_dir=log_root / label)
     return {task: info["metrics"] for task, info in results.items()}

@@ -38,6 +38,7 @@ from steer_hydra.backends.vllm_steering import EngineSteering
 from steer_hydra.core.backend import Backend
 from steer_hydra.core.capabilities import Capability
 from steer_hydra.core.params import GenerationParams
+from steer_hydra.core.tensors import eos_ids
 from steer_hydra.models import resolve_model_reference
 
 logger = logging.getLogger(__name__)
@@ -195,8 +196,7 @@ class TokenEngineBackend(EngineSteering, Backend):
     @property
     def eos_token_ids(self) -> list[int]:
         """The tokenizer's eos id plus the eos ids of the checkpoint's generation config (when it is local)."""
-        ids = super().eos_token_ids
-        return ids + [i for i in self._generation_eos if i not in ids]
+        return eos_ids(super().eos_token_ids, self._generation_eos)
 
     def release(self) -> None:
         self._close()
@@ -214,5 +214,4 @@ def _generation_config_eos(model_path: str | None) -> list[int]:
     except (OSError, ValueError) as error:
         logger.debug("No generation config eos ids from %s: %s", model_path, error)
         return []
-    values = value if isinstance(value, (list, tuple)) else [value]
-    return [int(v) for v in values if v is not None]
+    return eos_ids(value)

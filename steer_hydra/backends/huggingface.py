@@ -23,6 +23,7 @@ from steer_hydra.core.capabilities import Capability
 from steer_hydra.core.controls import HookSet
 from steer_hydra.core.params import GenerationParams
 from steer_hydra.core.stopping import StopOnStrings, StopOnTokens
+from steer_hydra.core.tensors import eos_ids
 from steer_hydra.models import resolve_model_reference
 
 logger = logging.getLogger(__name__)
@@ -153,15 +154,13 @@ class HFBackend(Backend):
 
     def refill_engine(self, max_rows: int, build_hooks: Any) -> RefillEngine:
         """A `RefillEngine` on this model: slots of finished rows are refilled between decode steps."""
-        eos = getattr(self.model.generation_config, "eos_token_id", None)
-        eos_ids = [] if eos is None else [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
         return RefillEngine(
             self.model,
             self.tokenizer,
             max_rows=max_rows,
             build_hooks=build_hooks,
             applied=self.applied,
-            eos_token_ids=eos_ids,
+            eos_token_ids=eos_ids(getattr(self.model.generation_config, "eos_token_id", None)),
         )
 
     def release(self) -> None:

@@ -32,6 +32,7 @@ import torch
 
 from steer_hydra.core.identity import derive_item_seed
 from steer_hydra.core.params import GenerationParams
+from steer_hydra.core.tensors import eos_ids
 
 # The op name the pipeline uses for per-row seeds of a `generate()` call (`derive_item_seed(seed, op, row)`);
 # engine backends derive the same seeds, so `seed_scope="dispatch"` and `"item"` give identical rows there.
@@ -161,9 +162,7 @@ def rollout_params(
         if name in kwargs:
             raise TypeError(f"Pass {name} to rollout() as its own argument, not among gen kwargs.")
     # model.generate's eos set: the engine stops on the checkpoint's eos already; extra ids become stop ids
-    eos = kwargs.pop("eos_token_id", None)
-    eos_ids = [] if eos is None else [int(t) for t in (eos if isinstance(eos, (list, tuple)) else [eos])]
-    stops = list(stop_token_ids) + [t for t in eos_ids if t not in stop_token_ids]
+    stops = list(stop_token_ids) + [t for t in eos_ids(kwargs.pop("eos_token_id", None)) if t not in stop_token_ids]
     params = GenerationParams.from_kwargs(
         **kwargs, stop_strings=list(stop_strings) or None, stop_token_ids=stops or None
     )

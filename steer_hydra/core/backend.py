@@ -21,6 +21,7 @@ from steer_hydra.core.capabilities import Capability
 from steer_hydra.core.controls import HookSet
 from steer_hydra.core.identity import canonical_json
 from steer_hydra.core.params import GenerationParams
+from steer_hydra.core.tensors import eos_ids
 
 BACKENDS: dict[str, str] = {
     "huggingface": "steer_hydra.backends.huggingface:HFBackend",
@@ -172,15 +173,8 @@ class Backend(ABC):
     @property
     def eos_token_ids(self) -> list[int]:
         """The tokenizer's eos id plus the model generation config's."""
-        ids: list[int] = []
-        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
-            ids.append(int(self.tokenizer.eos_token_id))
         config = getattr(self.model, "generation_config", None)
-        extra = getattr(config, "eos_token_id", None)
-        for value in extra if isinstance(extra, (list, tuple)) else [extra]:
-            if value is not None and int(value) not in ids:
-                ids.append(int(value))
-        return ids
+        return eos_ids(getattr(self.tokenizer, "eos_token_id", None), getattr(config, "eos_token_id", None))
 
     @property
     def device(self) -> torch.device:

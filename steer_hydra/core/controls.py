@@ -5,7 +5,6 @@ construction: types, then `Args.validate()` for ranges), mirrored onto the insta
 
 - `InputControl`: rewrites the prompt (`adapt_messages` before the chat template, `adapt` on token ids).
 - `StateControl`: returns hooks for one call (`get_hooks`); the backend registers them for that call only.
-  `HookControl` is the in-process flavour.
 - `OutputControl`: logits processors and stopping criteria per call, or generation params lowered into the
   call (`export_generation_params`); `DecodingDriver` owns the whole decode loop (at most one per pipeline).
 - `StructuralControl`: replaces the model at `steer()` (weights, adapters).
@@ -212,10 +211,6 @@ class StateControl(BaseControl):
     def get_hooks(self, input_ids: torch.Tensor, runtime_kwargs: Mapping[str, Any], **kwargs: Any) -> HookSet:
         """Hooks for one call on the left-packed `input_ids` (kwargs: attention_mask, model, gen params)."""
         raise NotImplementedError(f"{type(self).__name__} must implement get_hooks().")
-
-
-class HookControl(StateControl):
-    """A state control that writes its own in-process hooks (Hugging Face backend only)."""
 
 
 class OutputControl(BaseControl):

@@ -8,6 +8,8 @@ from typing import Literal
 
 import torch
 
+from steer_hydra.core.tensors import strip_trailing
+
 FinishReason = Literal["stop", "eos", "length"]
 FINISH_REASONS: tuple[str, ...] = ("stop", "eos", "length")
 
@@ -56,17 +58,6 @@ def truncate_at_stop_strings(text: str, stop_strings: Iterable[str] | None) -> s
             if index != -1:
                 cut = min(cut, index)
     return text[:cut]
-
-
-def strip_trailing(row: Sequence[int], pad_token_id: int | None) -> tuple[list[int], bool]:
-    """Drop trailing pad ids from `row`; return the row and whether anything was dropped."""
-    ids = list(row)
-    if pad_token_id is None:
-        return ids, False
-    end = len(ids)
-    while end and ids[end - 1] == pad_token_id:
-        end -= 1
-    return ids[:end], end != len(ids)
 
 
 def infer_finish_reasons(

@@ -33,9 +33,10 @@ from steer_hydra.core.controls import (
     runtime_kwargs_schema,
 )
 from steer_hydra.core.identity import derive_item_seed
-from steer_hydra.core.output import Output, infer_finish_reasons, strip_trailing, truncate_at_stop_strings
+from steer_hydra.core.output import Output, infer_finish_reasons, truncate_at_stop_strings
 from steer_hydra.core.params import GenerationParams
 from steer_hydra.core.rendering import has_chat_template
+from steer_hydra.core.tensors import left_pack, pad_left, pad_right, strip_trailing, trim_left
 
 logger = logging.getLogger(__name__)
 
@@ -108,20 +109,12 @@ class SteeringPipeline:
         return self._is_steered
 
     @property
-    def input_controls(self) -> list:
-        return list(self._sets.input)
-
-    @property
     def state_controls(self) -> list:
         return list(self._sets.state)
 
     @property
     def output_controls(self) -> list:
         return list(self._sets.output)
-
-    @property
-    def structural_controls(self) -> list:
-        return list(self._sets.structural)
 
     @property
     def supports_batching(self) -> bool:
@@ -233,8 +226,6 @@ class SteeringPipeline:
         self.model = None
         self._is_steered = False
 
-    release_backends = release
-
     def __enter__(self) -> SteeringPipeline:
         return self
 
@@ -242,17 +233,6 @@ class SteeringPipeline:
         self.release()
 
     # ------------------------------------------------------------------ generate
-    def generate_text(self, text: str | Sequence[str], **kwargs: Any) -> Any:
-        return self.generate(text=text, **kwargs)
-
-    def generate_messages(
-        self, messages: Any, *, chat_template_kwargs: Mapping[str, Any] | None = None, **kwargs: Any
-    ) -> Any:
-        return self.generate(messages=messages, chat_template_kwargs=chat_template_kwargs, **kwargs)
-
-    def generate_tokens(self, input_ids: Any, attention_mask: Any = None, **kwargs: Any) -> Any:
-        return self.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
-
     def generate(
         self,
         inputs: Any = None,
@@ -736,43 +716,7 @@ def _is_flat_row_value(value: Any, entry: Mapping[str, Any]) -> bool:
     )
 
 
-# ---------------------------------------------------------------------- tensor helpers
-def left_pack(ids: torch.Tensor, mask: torch.Tensor, pad_token_id: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Move each row's real tokens to the right end (pads first), keeping their order; drop all-pad columns."""
-    order = torch.argsort(mask.to(torch.int8), dim=1, stable=True)
-    ids, mask = ids.gather(1, order), mask.gather(1, order)
-    if pad_token_id is not None:
-        ids = ids.masked_fill(mask == 0, pad_token_id)
-    return trim_left(ids, mask)
-
-
-def trim_left(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Drop leading columns that are padding in every row."""
-    real = mask.any(dim=0).nonzero()
-    start = int(real[0]) if real.numel() else ids.shape[1]
-    return ids[:, start:], mask[:, start:]
-
-
-def pad_left(rows: Sequence[Sequence[int]], pad_token_id: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stack ragged rows, left-padded with the pad id."""
-    width = max(len(r) for r in rows)
-    pad = 0 if pad_token_id is None else pad_token_id
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        if row:
-            ids[i, width - len(row) :] = torch.as_tensor(list(row), dtype=torch.long)
-            mask[i, width - len(row) :] = 1
-    return ids, mask
-
-
-def pad_right(pieces: Sequence[torch.Tensor], pad_token_id: int | None) -> torch.Tensor:
-    """Concatenate row blocks of different widths, right-padded with the pad id."""
-    width = max(p.shape[1] for p in pieces)
-    pad = 0 if pad_token_id is None else pad_token_id
-    return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1]), value=pad) for p in pieces], dim=0)
-
-
+# ---------------------------------------------------------------------- row helpers
 def split_evenly(total: int | None, parts: int) -> list[int | None]:
     """Split a token total over rows, the remainder on the first row (None stays None)."""
     if total is None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from steer_hydra.core.output import truncate_at_stop_strings
+from steer_hydra.core.tensors import strip_trailing
 
 DEFAULT_THINK_TAGS: tuple[str, str] = ("<think>", "</think>")
 SPLIT_MODES: tuple[str, ...] = ("auto", "text", "tokens")
@@ -104,7 +105,7 @@ def split_thinking_ids(
     the ids before the open tag join the answer, and only the answer is cut at stop strings.
     """
     open_ids, close_ids = list(tag_ids[0]), list(tag_ids[1])
-    row = _strip_trailing_pads(list(ids), getattr(tokenizer, "pad_token_id", None))
+    row, _ = strip_trailing(ids, getattr(tokenizer, "pad_token_id", None))
     open_at = find_subsequence(row, open_ids)
     if open_at != -1:
         before, reasoning_start = row[:open_at], open_at + len(open_ids)
@@ -174,12 +175,3 @@ def resolve_split_mode(
 
 def _decode(tokenizer: Any, ids: Sequence[int]) -> str:
     return tokenizer.decode(list(ids), skip_special_tokens=True) if ids else ""
-
-
-def _strip_trailing_pads(row: list[int], pad_token_id: int | None) -> list[int]:
-    if pad_token_id is None:
-        return row
-    end = len(row)
-    while end and row[end - 1] == pad_token_id:
-        end -= 1
-    return row[:end]

@@ -4,8 +4,10 @@ Capability: `short_answer` (one-word facts), `arithmetic`, `mcqa` (scored on the
 Target behaviours: `instruction_following` (verifiable checks; the instruction travels as PASTA `substrings`)
 and `concept_steering` (AxBench-style: neutral instructions, concept / relevance / fluency / harmonic scores,
 disjoint `dev` and `test` splits). Importing this package registers the tasks with Inspect under
-`steer_hydra/<name>`; `SMOKE_TASKS` lists the names the `smoke` suite runs. On the tiny random model they
-exercise the whole path (scores are near zero); on SmolLM2 (`model=smollm2`) they measure something.
+`steer_hydra/<name>`; Inspect imports it itself (through the `inspect_ai` entry point, `app/inspect_entry.py`)
+the first time it resolves a `steer_hydra/...` task name. `smoke_suite()` runs `SMOKE_TASKS`. On the tiny
+random model they exercise the whole path (scores are near zero); on SmolLM2 (`model=smollm2`) they measure
+something.
 """
 
 from steer_hydra.tasks.arithmetic import arithmetic
@@ -13,8 +15,7 @@ from steer_hydra.tasks.concept_steering import LEXICONS, concept_steering
 from steer_hydra.tasks.instruction_following import INSTRUCTION_CHECKS, instruction_checker, instruction_following
 from steer_hydra.tasks.mcqa import mcqa
 from steer_hydra.tasks.short_answer import short_answer
-
-SMOKE_TASKS = ("steer_hydra/short_answer", "steer_hydra/mcqa", "steer_hydra/instruction_following")
+from steer_hydra.tasks.suites import SMOKE_TASKS, smoke_suite
 
 __all__ = [
     "INSTRUCTION_CHECKS",
@@ -26,4 +27,5 @@ __all__ = [
     "instruction_following",
     "mcqa",
     "short_answer",
+    "smoke_suite",
 ]

@@ -8,21 +8,21 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from steer_hydra.backends.loopback_server import LoopbackCompletionsServer
 from steer_hydra.controls.input import FewShot, SystemPrompt
 from steer_hydra.controls.output import StoppingRules
 from steer_hydra.core import BackendSpec, SteeringPipeline, UnsupportedPipelineError
 from steer_hydra.core.backend import backend_class
 from steer_hydra.core.capabilities import Capability
-from steer_hydra.core.controls import DecodingDriver, HookControl, StateControl
+from steer_hydra.core.controls import DecodingDriver, StateControl
 from steer_hydra.models import TINY_REF, build_tiny_model
+from steer_hydra.testing.loopback_server import LoopbackCompletionsServer
 
 ENGINES = ["vllm", "vllm-serve"]
 ENGINE_IDS = ["offline-engine", "server"]  # not "vllm": conftest skips tests carrying that keyword without a GPU
 
 
 # Stand-ins declaring what the real methods declare (spec section 3), so the verdicts are tested on their own.
-class AttentionSteering(HookControl):
+class AttentionSteering(StateControl):
     """Like PASTA: in-process hooks (the default requirement, IN_PROCESS_TORCH)."""
 
 

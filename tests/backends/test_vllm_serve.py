@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 import torch
 
-from steer_hydra.backends.loopback_server import LoopbackCompletionsServer
 from steer_hydra.backends.vllm_serve import (
     ServeOptions,
     ServerError,
@@ -25,6 +24,7 @@ from steer_hydra.core.capabilities import Capability
 from steer_hydra.core.controls import DecodingDriver, DriverResult, OutputControl
 from steer_hydra.core.identity import canonical_json, derive_item_seed
 from steer_hydra.models import build_tiny_model
+from steer_hydra.testing.loopback_server import LoopbackCompletionsServer
 
 CHATS = [
     [{"role": "user", "content": "What is the capital of France?"}],

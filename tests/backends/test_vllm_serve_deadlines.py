@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from steer_hydra.backends.loopback_server import LoopbackCompletionsServer
 from steer_hydra.backends.vllm_serve import ServerError, ServerUnavailableError, protocol_options
 from steer_hydra.core import BackendSpec, SteeringPipeline
 from steer_hydra.models import build_tiny_model
+from steer_hydra.testing.loopback_server import LoopbackCompletionsServer
 
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -101,7 +101,7 @@ def test_identity_names_the_served_model_not_the_address(client, server):
 @pytest.mark.slow
 def test_a_frozen_server_fails_the_whole_job_within_the_deadline(served, caplog):
     from steer_hydra.evaluation import SteeringEval
-    from steer_hydra.evaluation.suite import smoke_suite
+    from steer_hydra.tasks import smoke_suite
 
     options = {"base_url": served.base_url, "request_timeout": 0.5, "request_deadline": 1.5, "retry_backoff": 0.05}
     served.reset()

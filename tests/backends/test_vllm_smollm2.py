@@ -13,7 +13,7 @@ from vllm_real import MIN_AGREEMENT, agreement
 
 from steer_hydra.controls.state import CAA
 from steer_hydra.core import BackendSpec, SteeringPipeline
-from steer_hydra.core.output import strip_trailing
+from steer_hydra.core.tensors import strip_trailing
 from steer_hydra.evaluation import ProviderOptions, as_inspect_model
 from steer_hydra.models import SMOLLM2_REF
 from steer_hydra.tasks.short_answer import short_answer, short_answer_samples

@@ -15,7 +15,7 @@ import torch
 
 from steer_hydra.controls.state import CAA, ActAdd
 from steer_hydra.core import SteeringPipeline
-from steer_hydra.core.output import strip_trailing
+from steer_hydra.core.tensors import strip_trailing
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on a CPU engine
 TINY64 = "steer_hydra:tiny?hidden_size=256&num_attention_heads=4&head_dim=64&intermediate_size=512"

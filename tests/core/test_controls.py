@@ -9,9 +9,9 @@ import pytest
 
 from steer_hydra.core import (
     BaseArgs,
-    HookControl,
     InputControl,
     OutputControl,
+    StateControl,
     SteeringPipeline,
     merge_controls,
     runtime_kwargs_schema,
@@ -20,7 +20,7 @@ from steer_hydra.core.capabilities import Capability
 from steer_hydra.models import TINY_REF
 
 
-class Knob(HookControl):
+class Knob(StateControl):
     @dataclass(frozen=True)
     class Args(BaseArgs):
         alpha: float = 1.0

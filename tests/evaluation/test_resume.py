@@ -21,8 +21,9 @@ from steer_hydra.evaluation import plotting
 from steer_hydra.evaluation.frames import paired_deltas, results_from_logs, summarize_runs
 from steer_hydra.evaluation.provider import ProviderOptions
 from steer_hydra.evaluation.runner import SteeringEval
-from steer_hydra.evaluation.suite import InspectSuite, smoke_suite
+from steer_hydra.evaluation.suite import InspectSuite
 from steer_hydra.models import TINY_REF
+from steer_hydra.tasks import smoke_suite
 
 pytestmark = pytest.mark.slow
 

@@ -29,6 +29,7 @@ from steer_hydra.core.controls import BaseArgs, DecodingDriver, DriverResult
 from steer_hydra.core.identity import canonical_value
 from steer_hydra.core.params import DEFAULT_MAX_NEW_TOKENS
 from steer_hydra.core.scoring import SampleScorer, as_score, as_scores, scorer_name
+from steer_hydra.core.tensors import eos_ids, strip_trailing
 
 logger = logging.getLogger(__name__)
 
@@ -102,14 +103,6 @@ class Candidate:
         return int(self.ids.numel())
 
 
-def strip_trailing_pads(row: torch.Tensor, pad_token_id: int | None) -> torch.Tensor:
-    """`row` without its trailing pad ids."""
-    if pad_token_id is None or row.numel() == 0:
-        return row
-    real = (row != pad_token_id).nonzero()
-    return row[: int(real[-1]) + 1] if real.numel() else row[:0]
-
-
 class SegmentProposer:
     """Roll out `num_candidates` segments per frontier prefix in one call.
 
@@ -168,7 +161,7 @@ class SegmentProposer:
         new = sequences[:, ids.shape[1] :]
         candidates = []
         for r in range(expected):
-            segment = strip_trailing_pads(new[r], pad_token_id)
+            segment = new[r][: len(strip_trailing(new[r].tolist(), pad_token_id)[0])]
             prefix = prefixes[r // self.num_candidates].to(segment)
             candidates.append(Candidate(torch.cat([prefix, segment]), stopped=segment.numel() < max_new_tokens))
         return candidates
@@ -234,15 +227,6 @@ def reward_params_of(runtime_kwargs: Mapping[str, Any] | None, owner: str) -> di
         f"one-element list holding one mapping (a collated batch of one); got {value!r} "
         f"({type(value).__name__}).{hint}"
     )
-
-
-def eos_ids_of(tokenizer: Any, extra: Any = None) -> list[int]:
-    """The tokenizer's eos id plus any `eos_token_id` passed to the rollout (an int or a list)."""
-    ids: list[int] = []
-    for value in [getattr(tokenizer, "eos_token_id", None), *(extra if isinstance(extra, (list, tuple)) else [extra])]:
-        if value is not None and int(value) not in ids:
-            ids.append(int(value))
-    return ids
 
 
 class SearchDriver(DecodingDriver):
@@ -354,7 +338,8 @@ class SearchDriver(DecodingDriver):
         prompt_text = tokenizer.decode(input_ids[0][attention_mask[0].bool()], skip_special_tokens=True)
         settings = self.search_settings(budget)
         proposer = SegmentProposer(self.propose_mode, self.num_candidates)
-        frontier = Frontier(self.keep_k, budget, eos_ids_of(tokenizer, gen_kwargs.get("eos_token_id")))
+        eos = eos_ids(getattr(tokenizer, "eos_token_id", None), gen_kwargs.get("eos_token_id"))
+        frontier = Frontier(self.keep_k, budget, eos)
         step = self.segment_len or budget
 
         prefixes = [input_ids.new_empty(0)]

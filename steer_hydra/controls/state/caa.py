@@ -37,8 +37,8 @@ from steer_hydra.controls.state.residual import (
 from steer_hydra.controls.state.vectors import SteeringVector
 from steer_hydra.core.controls import HookSet
 from steer_hydra.core.layout import ModelLayout
-from steer_hydra.core.pipeline import pad_left
 from steer_hydra.core.rendering import has_chat_template
+from steer_hydra.core.tensors import pad_left
 
 logger = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from steer_hydra.controls.state.residual import past_length
 from steer_hydra.controls.state.spans import substrings_per_row, token_spans
-from steer_hydra.core.controls import BaseArgs, HookControl, HookSet
+from steer_hydra.core.controls import BaseArgs, HookSet, StateControl
 from steer_hydra.core.layout import ModelLayout, resolve_layout
 
 IMPLEMENTATION_PREFIX = "steer_hydra_pasta_"
@@ -225,7 +225,7 @@ def implementation_verdict(implementation: str) -> str:
 
 
 # ---------------------------------------------------------------------- the control
-class PASTA(HookControl):
+class PASTA(StateControl):
     """Post-hoc attention steering (Zhang et al. 2023, arXiv 2311.02262) on highlighted prompt substrings.
 
     Args:

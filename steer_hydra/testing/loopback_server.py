@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from steer_hydra.core.output import strip_trailing
+from steer_hydra.core.tensors import strip_trailing
 
 logger = logging.getLogger(__name__)
 

@@ -1,1 +1,0 @@
-"""Structural controls: replace the model at steer() (merged weights, adapters). None built in yet."""
