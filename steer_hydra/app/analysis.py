@@ -15,6 +15,7 @@ from typing import Any
 
 import pandas as pd
 
+from steer_hydra.app.tracking import wandb_key
 from steer_hydra.evaluation.frames import cells_from_logs, paired_deltas, samples_frame
 
 logger = logging.getLogger(__name__)
@@ -36,8 +37,8 @@ def app_columns(frame: pd.DataFrame, *, seed: Any = None) -> pd.DataFrame:
 
 
 def metric_name(suite: str, task: str, scorer: str, metric: str) -> str:
-    """`<suite>/<task>/<scorer>/<metric>`; a task's own `/` (registry names) becomes `.` to keep four parts."""
-    return "/".join([suite, task.replace("/", "."), scorer, metric])
+    """`<suite>/<task>/<scorer>/<metric>` (`tracking.wandb_key`); a task's own `/` becomes `.` (four parts)."""
+    return wandb_key(None, suite, task, scorer, metric)
 
 
 def summary_metrics(results: pd.DataFrame) -> dict[str, float]:
@@ -118,7 +119,12 @@ def tasks_without_baseline(cells: pd.DataFrame, baseline_config_id: str) -> list
 
 
 def pooled_samples(
-    save_dirs: Mapping[str, Path], names: Mapping[str, str], config_ids: Collection[str], *, suite: str
+    save_dirs: Mapping[str, Path],
+    names: Mapping[str, str],
+    config_ids: Collection[str],
+    *,
+    suite: str,
+    include_text: bool = False,
 ) -> tuple[list[pd.DataFrame], pd.DataFrame]:
     """Sample frames of each task of `suite` over several save_dirs (one per seed), only `config_ids`, trials
     renamed `<seed>/<trial>`; and the cells they came from.
@@ -133,7 +139,7 @@ def pooled_samples(
             continue
         all_cells.append(cells)
         cells = cells.assign(trial=cells["trial"].map(lambda t, s=seed: f"{s}/{t}"))
-        for frame in task_samples(cells, save_dir):
+        for frame in task_samples(cells, save_dir, include_text=include_text):
             if len(frame):
                 by_task.setdefault((frame["suite"].iloc[0], frame["task"].iloc[0]), []).append(frame)
     cells = (
@@ -142,7 +148,9 @@ def pooled_samples(
     return [pd.concat(frames, ignore_index=True) for frames in by_task.values()], cells
 
 
-def plot_job(results: pd.DataFrame, deltas: pd.DataFrame, out_dir: Path) -> dict[str, Path]:
+def plot_job(
+    results: pd.DataFrame, deltas: pd.DataFrame, out_dir: Path, *, model: str | None = None
+) -> dict[str, Path]:
     """The plots as PNGs: headline metric per task for each arm in `results` (column `arm`), deltas with CIs."""
     from steer_hydra.evaluation.plotting import plot_comparison_bars, plot_paired_deltas
 

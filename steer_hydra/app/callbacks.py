@@ -25,12 +25,29 @@ import pandas as pd
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from steer_hydra.app.analysis import app_columns, deltas_for, plot_job, pooled_samples, tasks_without_baseline
+from steer_hydra.app.analysis import (
+    app_columns,
+    deltas_for,
+    plot_job,
+    pooled_samples,
+    summary_metrics,
+    tasks_without_baseline,
+)
 from steer_hydra.app.files import read_json, write_csv, write_json
-from steer_hydra.app.job import JOB_RECORD
+from steer_hydra.app.job import JOB_RECORD, delta_summary, sweep_id_of
 from steer_hydra.app.plan import arm_names, to_plain
-from steer_hydra.app.secrets import redact_overrides
-from steer_hydra.app.tracking import Tracker
+from steer_hydra.app.report import (
+    changed_share,
+    delta_rows,
+    print_report,
+    report_text,
+    results_table,
+    table_title,
+    with_changed,
+)
+from steer_hydra.app.secrets import redact, redact_overrides
+from steer_hydra.app.tracking import Tracker, wandb_key
+from steer_hydra.evaluation.frames import results_from_logs
 
 logger = logging.getLogger(__name__)
 
@@ -74,18 +91,45 @@ def missing_jobs(config: DictConfig, records: Sequence[Mapping[str, Any]], sweep
     return missing
 
 
+def job_results(record: Mapping[str, Any]) -> pd.DataFrame:
+    """A job's results rows (app columns plus `model`), read from the results file its record names.
+
+    A record without one (written by an older version) has its rows rebuilt from the save_dir's logs.
+    """
+    path = (record.get("files") or {}).get("results")
+    if path and Path(path).is_file():
+        frame = pd.read_csv(path, keep_default_na=False)  # an empty scorer name stays ""
+        frame = frame.assign(value=pd.to_numeric(frame["value"], errors="coerce"))
+        frame = frame.assign(n=pd.to_numeric(frame["n"], errors="coerce"))
+    else:
+        names = {record["config_id"]: record["arm"]}
+        frame = app_columns(
+            results_from_logs(Path(record["save_dir"]), names, config_ids=[record["config_id"]]), seed=record["seed"]
+        )
+        frame = frame[frame["suite"] == record["suite"]]
+    if frame.empty:
+        return frame
+    frame = frame.assign(model=record["model"], arm=record["arm"], config_id=record["config_id"])
+    return frame.astype({"suite": str, "task": str, "scorer": str, "metric": str})
+
+
 def aggregate_sweep(records: Sequence[dict[str, Any]], out_dir: Path) -> dict[str, Any]:
     """Paired deltas of each of the sweep's configurations vs the baseline per (model, suite), pooling seeds.
 
-    Only the records' configurations and their baseline (`baseline_config_id`) are read from the save_dirs.
-    Writes `summary.csv`, `paired_deltas.csv` and plots; returns the paths, frames and the tasks lacking a baseline.
+    Metrics come from each job's results file (named in its job record); only the records' configurations and
+    their baseline (`baseline_config_id`) are read from the save_dirs for the paired deltas. Writes `summary.csv`,
+    `paired_deltas.csv`, `results_table.csv` and plots; returns the paths, frames, the results table and the tasks
+    lacking a baseline.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for record in records:
         key = (record["model"], record["suite"], record.get("baseline_config_id", "baseline"))
         groups.setdefault(key, []).append(record)
-    all_deltas, lacking = [], []
+    parts = [job_results(r) for r in records]
+    results = pd.concat([p for p in parts if not p.empty], ignore_index=True) if any(len(p) for p in parts) else None
+    results = results if results is not None else pd.DataFrame(columns=["model", "suite", "task", "scorer", "metric"])
+    all_deltas, lacking, tables = [], [], []
     for (model, suite, baseline_id), group in sorted(groups.items()):
         save_dirs = {str(r["seed"]): Path(r["save_dir"]) for r in group}
         config_ids = {r["config_id"] for r in group} | {baseline_id}
@@ -93,10 +137,11 @@ def aggregate_sweep(records: Sequence[dict[str, Any]], out_dir: Path) -> dict[st
         for save_dir in save_dirs.values():
             names.update({k: v for k, v in arm_names(save_dir).items() if k in config_ids})
         names.update({r["config_id"]: r["arm"] for r in group})
-        frames, cells = pooled_samples(save_dirs, names, config_ids, suite=suite)
+        frames, cells = pooled_samples(save_dirs, names, config_ids, suite=suite, include_text=True)
         missing = tasks_without_baseline(cells, baseline_id) if not cells.empty else []
         lacking += [f"{model}/{task}" for task in missing]
         deltas = deltas_for(frames, baseline_id)
+        group_results = results[(results["model"] == model) & (results["suite"] == suite)]
         if deltas.empty:
             logger.warning(
                 "Sweep aggregate: no baseline (config_id %s) evaluated for model %s, suite %s in %s; run it once "
@@ -106,40 +151,39 @@ def aggregate_sweep(records: Sequence[dict[str, Any]], out_dir: Path) -> dict[st
                 suite,
                 sorted(map(str, save_dirs.values())),
             )
-            continue
-        all_deltas.append(app_columns(deltas).assign(model=model, seeds=",".join(sorted(save_dirs))))
-    metrics = pd.DataFrame(
-        [
-            {
-                "arm": r["arm"],
-                "config_id": r["config_id"],
-                "model": r["model"],
-                "suite": r["suite"],
-                "seed": r["seed"],
-                "metric": k,
-                "value": v,
-            }
-            for r in records
-            for k, v in r["metrics"].items()
-        ]
-    )
+        else:
+            deltas = app_columns(with_changed(deltas, changed_share(frames, baseline_id)))
+            deltas = deltas.assign(model=model, seeds=",".join(sorted(save_dirs)))
+            all_deltas.append(deltas)
+        tables.append(results_table(group_results, deltas, baseline_id))
     summary = (
-        metrics.groupby(["model", "suite", "arm", "config_id", "metric"], sort=True)["value"]
-        .agg(mean="mean", std="std", n_seeds="count")
+        results.groupby(["model", "suite", "task", "scorer", "metric", "arm", "config_id"], sort=True)["value"]
+        .agg(mean="mean", std="std", n_runs="count")
         .reset_index()
-        if not metrics.empty
-        else metrics
+        if not results.empty
+        else pd.DataFrame()
     )
     write_csv(summary, out_dir / "summary.csv")
     deltas = pd.concat(all_deltas, ignore_index=True) if all_deltas else pd.DataFrame()
-    paths: dict[str, Path] = {"summary": out_dir / "summary.csv"}
+    table = pd.concat([t for t in tables if not t.empty], ignore_index=True) if any(len(t) for t in tables) else None
+    table = table if table is not None else pd.DataFrame()
+    write_csv(table, out_dir / "results_table.csv")
+    paths: dict[str, Path] = {"summary": out_dir / "summary.csv", "results_table": out_dir / "results_table.csv"}
     if not deltas.empty:
         write_csv(deltas, out_dir / "paired_deltas.csv")
         paths["paired_deltas"] = out_dir / "paired_deltas.csv"
-        parts = metrics["metric"].str.rsplit("/", n=3, expand=True)
-        results = metrics.assign(suite=parts[0], task=parts[1], scorer=parts[2], metric=parts[3])
-        paths.update({f"plot_{k}": v for k, v in plot_job(results, deltas, out_dir).items()})
-    return {"paths": paths, "summary": summary, "deltas": deltas, "tasks_without_baseline": lacking}
+    if not results.empty:
+        models = sorted(results["model"].unique())
+        plots = plot_job(results, deltas, out_dir, model=", ".join(models))
+        paths.update({f"plot_{k}": v for k, v in plots.items()})
+    return {
+        "paths": paths,
+        "summary": summary,
+        "deltas": deltas,
+        "results": results,
+        "table": table,
+        "tasks_without_baseline": lacking,
+    }
 
 
 def aggregate_sweep_dir(sweep_dir: str | Path, config: DictConfig, *, track: bool = True) -> dict[str, Any] | None:
@@ -164,39 +208,83 @@ def aggregate_sweep_dir(sweep_dir: str | Path, config: DictConfig, *, track: boo
         return None
     out = aggregate_sweep(records, out_dir)
     out["missing"] = missing
-    logger.info("Sweep aggregate of %d job(s) written to %s", len(records), out_dir)
     logger_cfg = to_plain(OmegaConf.select(config, "logger") or {"kind": "none"})
+    notes = []
     if track and logger_cfg.get("kind") != "none":
-        _track(config, logger_cfg, out_dir, records, out)
+        notes = _track(config, logger_cfg, out_dir, records, out)
+    if missing:
+        notes.append(f"{len(missing)} job(s) missing: see {out_dir / MISSING_FILE}")
+    title = table_title(f"Sweep {sweep_dir.name}: {len(records)} job(s)", out["table"])
+    print_report(report_text(out["table"], title=title, files=out["paths"], notes=notes))
+    return out
+
+
+def sweep_summary(results: pd.DataFrame, deltas: pd.DataFrame, model: str, config_id: str) -> dict[str, float]:
+    """One (model, configuration)'s sweep summary under the job runs' keys: each metric's mean over the sweep's
+    seeds and trials (`<suite>/<task>/<scorer>/<metric>`), and its pooled paired delta with the CI bounds."""
+    own = results[(results["model"] == model) & (results["config_id"] == config_id)]
+    out = summary_metrics(own)
+    if not deltas.empty:
+        rows = deltas[(deltas["model"] == model) & (deltas["config_id"] == config_id)]
+        out.update(delta_summary(delta_rows(rows.drop(columns="model"), own.drop(columns="model"))))
     return out
 
 
 def _track(
     config: DictConfig, logger_cfg: dict, out_dir: Path, records: Sequence[Mapping], out: Mapping[str, Any]
-) -> None:
-    tracker = Tracker.from_logger(
-        logger_cfg,
-        directory=out_dir,
-        name=f"{config.experiment_name}-sweep",
-        group=str(config.experiment_name),
-        job_type="sweep_summary",
-        tags=["sweep_summary", *map(str, config.tags)],
-        config={"jobs": len(records), "missing_jobs": len(out["missing"]), "baseline_arm": str(config.baseline_arm)},
-    ).start()
-    exit_code = 1
-    try:
-        deltas = out["deltas"]
-        summary = {
-            "/".join(["delta", r.model, r.arm, r.suite, r.task.replace("/", "."), r.metric]): r.delta
-            for r in deltas.itertuples(index=False)
-        }
-        tracker.summary({"jobs": len(records), "missing_jobs": len(out["missing"]), **summary})
-        tracker.table("paired_deltas", deltas)
-        tracker.table("summary", out["summary"])
-        tracker.images({k: v for k, v in out["paths"].items() if k.startswith("plot_")})
-        exit_code = 0
-    finally:
-        tracker.finish(exit_code)
+) -> list[str]:
+    """One W&B summary run per (model, configuration) of the sweep, with the same keys as a job run of that
+    configuration (pooled over seeds), the sweep's tables and plots, and the ids of the sweep's job runs.
+    Returns where each run is (`Tracker.where`)."""
+    results, deltas = out["results"], out["deltas"]
+    sweep = sweep_id_of(config.hydra.sweep.dir) if OmegaConf.select(config, "hydra.sweep.dir") else None
+    overrides = redact_overrides(list(OmegaConf.select(config, "hydra.overrides.task") or []))
+    job_run_ids = [r.get("wandb_run_id") for r in records if r.get("wandb_run_id")]
+    arms = results[["model", "arm", "config_id"]].drop_duplicates().itertuples(index=False) if len(results) else []
+    where = []
+    for model, arm, config_id in arms:
+        tracker = Tracker.from_logger(
+            logger_cfg,
+            directory=out_dir / f"{model}-{config_id}",
+            name=f"sweep-{arm}-{model}",
+            group=str(config.experiment_name),
+            job_type="sweep_summary",
+            tags=["sweep_summary", arm, model, *map(str, config.tags)],
+            config=redact(
+                {
+                    "config_id": config_id,
+                    "sweep_id": sweep,
+                    "overrides": overrides,
+                    "arm": arm,
+                    "model": model,
+                    "baseline_arm": str(config.baseline_arm),
+                    "jobs": len(records),
+                    "missing_jobs": len(out["missing"]),
+                }
+            ),
+        ).start()
+        exit_code = 1
+        try:
+            tracker.summary(
+                {
+                    "jobs": len(records),
+                    "missing_jobs": len(out["missing"]),
+                    "arm": arm,
+                    "config_id": config_id,
+                    "job_run_ids": job_run_ids,
+                    **sweep_summary(results, deltas, model, config_id),
+                }
+            )
+            tracker.table(wandb_key("tables", "results"), out["table"])
+            tracker.table(wandb_key("tables", "paired_deltas"), deltas)
+            tracker.table(wandb_key("tables", "summary"), out["summary"])
+            plots = {k.removeprefix("plot_"): v for k, v in out["paths"].items() if k.startswith("plot_")}
+            tracker.images({wandb_key("plots", k): v for k, v in plots.items()})
+            where.append(tracker.where())
+            exit_code = 0
+        finally:
+            tracker.finish(exit_code)
+    return [w for w in where if w]
 
 
 class SweepAggregator(Callback):

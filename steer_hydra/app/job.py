@@ -33,10 +33,20 @@ from steer_hydra.app.analysis import (
     task_samples,
     tasks_without_baseline,
 )
+from steer_hydra.app.console import job_console
 from steer_hydra.app.files import write_csv, write_json
 from steer_hydra.app.plan import JobPlan, arm_names, to_plain
+from steer_hydra.app.report import (
+    changed_share,
+    delta_rows,
+    print_report,
+    report_text,
+    results_table,
+    table_title,
+    with_changed,
+)
 from steer_hydra.app.secrets import redact, redact_overrides
-from steer_hydra.app.tracking import Tracker
+from steer_hydra.app.tracking import Tracker, wandb_key
 from steer_hydra.evaluation.frames import cells_frame, failed_samples, results_from_logs
 
 logger = logging.getLogger(__name__)
@@ -78,15 +88,43 @@ def make_tracker(cfg: DictConfig, plan: JobPlan, output_dir: Path) -> Tracker | 
     if logger_cfg["kind"] == "none":
         return None
     tags = [plan.arm, plan.suite.name, plan.model["name"], plan.backend.kind, *map(str, cfg.tags)]
+    context = {"config_id": plan.config_id, "sweep_id": sweep_id(), "overrides": job_overrides()}
     return Tracker.from_logger(
         logger_cfg,
         directory=output_dir,
-        name=f"{plan.arm}-{plan.suite.name}-seed{plan.seed}",
+        name=f"{plan.arm}-{plan.model['name']}-{plan.suite.name}-seed{plan.seed}",
         group=str(cfg.experiment_name),
         job_type=plan.arm,
         tags=tags,
-        config=redact(to_plain(cfg)),
+        config={**redact(to_plain(cfg)), **redact(context)},
     )
+
+
+def sweep_id() -> str | None:
+    """`<experiment>/<sweep folder>` of the multirun this job belongs to, or None for a single run."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return None
+    hydra_cfg = HydraConfig.get()
+    return sweep_id_of(hydra_cfg.sweep.dir)
+
+
+def sweep_id_of(sweep_dir: str | Path) -> str:
+    """A sweep's id: its folder's parent's parent (the experiment) and its own name (the launch time)."""
+    path = Path(sweep_dir).absolute()
+    return f"{path.parent.parent.name}/{path.name}"
+
+
+def delta_summary(located: pd.DataFrame) -> dict[str, float]:
+    """`delta/<key>`, `delta_ci_low/<key>`, `delta_ci_high/<key>` of each located delta (`report.delta_rows`)."""
+    out: dict[str, float] = {}
+    for row in located.to_dict("records"):
+        parts = (row["suite"], row["task"], row["scorer"], row["metric"])
+        for section, column in (("delta", "delta"), ("delta_ci_low", "ci_low"), ("delta_ci_high", "ci_high")):
+            out[wandb_key(section, *parts)] = float(row[column])
+    return out
 
 
 def job_overrides() -> list[str]:
@@ -99,8 +137,14 @@ def job_overrides() -> list[str]:
 
 
 def run_job(cfg: DictConfig, output_dir: str | Path) -> float:
-    """Run one job; returns the headline metric (mean over tasks of each task's first metric)."""
-    output_dir = Path(output_dir)
+    """Run one job; returns the headline metric (mean over tasks of each task's first metric).
+
+    Prints the results table at the end; warnings are logged once each (`console.job_console`)."""
+    with job_console():
+        return _run_job(cfg, Path(output_dir))
+
+
+def _run_job(cfg: DictConfig, output_dir: Path) -> float:
     plan = JobPlan.from_config(cfg)  # every config error surfaces here, before anything is written
     plan.check_protocol()  # fail fast; the claim itself happens under a lock right before the first cell
     runner = plan.runner()
@@ -148,12 +192,16 @@ def run_job(cfg: DictConfig, output_dir: str | Path) -> float:
                 plan.save_dir,
                 cfg.baseline_arm,
             )
-        deltas = pd.DataFrame() if is_baseline else deltas_for(task_samples(compared, plan.save_dir), ids[1])
-        deltas = app_columns(deltas, seed=plan.seed) if not deltas.empty else deltas
+        compared_frames = [] if is_baseline else task_samples(compared, plan.save_dir, include_text=True)
+        deltas = deltas_for(compared_frames, ids[1]) if compared_frames else pd.DataFrame()
         if not deltas.empty:
+            deltas = app_columns(with_changed(deltas, changed_share(compared_frames, ids[1])), seed=plan.seed)
             write_csv(deltas, output_dir / "paired_deltas.csv")
         compared_results = results_from_logs(plan.save_dir, names, config_ids=ids)
-        plots = plot_job(compared_results[compared_results["suite"] == plan.suite.name], deltas, output_dir)
+        compared_results = app_columns(compared_results[compared_results["suite"] == plan.suite.name])
+        plots = plot_job(compared_results, deltas, output_dir, model=plan.model["name"])
+        table = results_table(compared_results, deltas, plan.baseline_config_id)
+        write_csv(table, output_dir / "results_table.csv")
 
         provenance = {
             "git_commit": git_commit(),
@@ -165,6 +213,14 @@ def run_job(cfg: DictConfig, output_dir: str | Path) -> float:
         provenance = redact(provenance)
         metrics = summary_metrics(results)
         objective = headline(results)
+        files = {
+            "results": output_dir / "results.csv",
+            "samples": output_dir / "samples.csv",
+            "paired_deltas": output_dir / "paired_deltas.csv",
+            "results_table": output_dir / "results_table.csv",
+            "failed_samples": output_dir / "failed_samples.csv",
+            **{f"plot_{name}": path for name, path in plots.items()},
+        }
         write_json(
             output_dir / JOB_RECORD,
             {
@@ -179,6 +235,9 @@ def run_job(cfg: DictConfig, output_dir: str | Path) -> float:
                 "trial_seeds": [r["seed"] for r in records],
                 "save_dir": str(plan.save_dir),
                 "overrides": job_overrides(),
+                "sweep_id": sweep_id(),
+                "wandb_run_id": tracker.run_id if tracker is not None else None,
+                "files": {name: str(path) for name, path in files.items() if path.exists()},
                 "results_reused": reused,
                 "tasks_without_baseline": missing_baseline,
                 "failed_samples": failures[["suite", "task", "trial_id", "sample_id", "error"]].to_dict("records"),
@@ -189,7 +248,7 @@ def run_job(cfg: DictConfig, output_dir: str | Path) -> float:
         )
 
         if tracker is not None:
-            tracker.config({"config_id": plan.config_id, "provenance": provenance})
+            tracker.config({"provenance": provenance})
             summary: dict[str, Any] = {
                 **metrics,
                 "objective": objective,
@@ -199,14 +258,13 @@ def run_job(cfg: DictConfig, output_dir: str | Path) -> float:
                 "tasks_without_baseline": ", ".join(missing_baseline),
                 "failed_samples": len(failures),
             }
-            for row in deltas.itertuples(index=False):
-                key = "/".join(["delta", row.suite, row.task.replace("/", "."), row.metric])
-                summary[key] = row.delta
-                summary[key + "/ci_low"], summary[key + "/ci_high"] = row.ci_low, row.ci_high
+            summary.update(delta_summary(delta_rows(deltas, compared_results)))
             tracker.summary(summary)
+            tracker.table(wandb_key("tables", "results"), table)
+            tracker.table(wandb_key("tables", "paired_deltas"), deltas)
             if cfg.logger.log_samples:
-                tracker.table("samples", samples)
-            tracker.images(plots)
+                tracker.table(wandb_key("tables", "samples"), samples)
+            tracker.images({wandb_key("plots", name): path for name, path in plots.items()})
             if cfg.logger.log_artifact:
                 tracker.artifact(
                     f"inspect-logs-{plan.config_id}-{plan.suite.name}",
@@ -214,7 +272,11 @@ def run_job(cfg: DictConfig, output_dir: str | Path) -> float:
                     plan.save_dir / "inspect_logs" / plan.config_id,
                 )
         exit_code = 0
-        logger.info("Results in %s (objective %.4f%s)", output_dir, objective, ", reused" if reused else "")
+        title = table_title(f"{plan.arm} [{plan.config_id}] vs {cfg.baseline_arm}", table, {"seed": plan.seed})
+        notes = [tracker.where() if tracker is not None else None]
+        notes.append(f"Objective {objective:.4f}" + (" (every cell reused from the save_dir)" if reused else ""))
+        log_dir = plan.save_dir / "inspect_logs" / plan.config_id
+        print_report(report_text(table, title=title, files=files, log_dir=log_dir, notes=notes))
         return objective
     finally:
         if tracker is not None:

@@ -32,6 +32,23 @@ logger = logging.getLogger(__name__)
 
 MODES = ("auto", "online", "offline", "disabled")
 DEFAULT_INIT_TIMEOUT = 30.0  # seconds an online init may take before falling back to offline
+SECTIONS = ("delta", "delta_ci_low", "delta_ci_high", "plots", "tables")
+
+
+def wandb_key(section: str | None, *parts: Any) -> str:
+    """The one builder of W&B keys, the same in job and sweep runs.
+
+    Metrics: `wandb_key(None, suite, task, scorer, metric)` -> `<suite>/<task>/<scorer>/<metric>`; paired deltas
+    and their 95% CI bounds: `wandb_key("delta" | "delta_ci_low" | "delta_ci_high", suite, task, scorer, metric)`;
+    media: `wandb_key("plots" | "tables", name)`. A part's own `/` (a registry task name such as
+    `steer_hydra/mcqa`) becomes `.`, so every key has a fixed number of parts.
+    """
+    if section is not None and section not in SECTIONS:
+        raise ValueError(f"wandb_key: section must be None or one of {SECTIONS}; got {section!r}.")
+    if not parts:
+        raise ValueError("wandb_key needs at least one part.")
+    cleaned = [str(part).replace("/", ".") for part in parts]
+    return "/".join([section, *cleaned] if section else cleaned)
 
 
 def resolve_mode(mode: str | None) -> str:
@@ -119,6 +136,23 @@ class Tracker:
     def active(self) -> bool:
         return self.run is not None
 
+    @property
+    def run_id(self) -> str | None:
+        """The W&B run id (None before `start()` or after a failed init)."""
+        return getattr(self.run, "id", None)
+
+    def where(self) -> str | None:
+        """Where the run can be seen: its URL online, else its offline folder and the upload command.
+
+        W&B's own banner is silenced (`Settings(silent=True)`), so the job's report prints this line instead.
+        """
+        run = self.run
+        if run is None:
+            return None
+        if run.settings.mode == "offline":
+            return f"W&B offline run; upload: wandb sync {Path(run.dir).parent}"
+        return f"W&B run {getattr(run, 'url', None) or run.id}"
+
     def _guard(self, what: str, fn: Callable[[], Any]) -> Any:
         try:
             return fn()
@@ -129,6 +163,8 @@ class Tracker:
 
     def start(self) -> Tracker:
         self.run = self._guard("init", self._init)
+        if self.run is not None:
+            _silence_terminal()
         return self
 
     def _init(self) -> Any:
@@ -141,7 +177,7 @@ class Tracker:
             if mode == "online":
                 self._probe_server()
             with init_environment(self.init_timeout):
-                return wandb.init(mode=mode, **self.init_kwargs)
+                return wandb.init(mode=mode, settings=_quiet_settings(), **self.init_kwargs)
         except Exception as error:
             if mode != "online":
                 raise
@@ -157,7 +193,7 @@ class Tracker:
         logger.warning(message)
         self.fell_back_offline = True
         with init_environment(self.init_timeout):
-            return wandb.init(mode="offline", **self.init_kwargs)
+            return wandb.init(mode="offline", settings=_quiet_settings(), **self.init_kwargs)
 
     def _probe_server(self) -> None:
         """Raise ConnectionError when the W&B server does not answer an HTTP request within `init_timeout`.
@@ -236,6 +272,22 @@ class Tracker:
             yaml.safe_dump(json.loads(json.dumps(self.init_kwargs["config"], default=str)), sort_keys=True)
         )
         (files_dir / "wandb-summary.json").write_text(json.dumps(self.logged_summary, indent=1, default=str))
+
+
+def _quiet_settings() -> Any:
+    """W&B settings without its banner and run summary (the job's report says where the run is)."""
+    import wandb
+
+    return wandb.Settings(silent=True, quiet=True)
+
+
+def _silence_terminal() -> None:
+    """Artifact and finish messages print through wandb's process-wide terminal setup (made by `wandb.setup`, not
+    by the run's settings): make it silent too, once the run exists."""
+    import wandb
+
+    with contextlib.suppress(Exception):
+        wandb.termsetup(_quiet_settings(), None)
 
 
 def _first_line(error: BaseException) -> str:

@@ -48,9 +48,10 @@ def _check_sweep(sweep: Path) -> list[dict]:
     assert all(r["seeds"] == "1,2" and int(r["n"]) == 2 for r in deltas)
     assert all(int(r["n_trials"]) == 2 for r in deltas)  # both seeds pooled per sample
     assert (sweep / "aggregate" / "summary.csv").exists() and (sweep / "aggregate" / "paired_deltas.png").exists()
-    (summary_run,) = (sweep / "aggregate" / "wandb").glob("offline-run-*")
+    (summary_run,) = (sweep / "aggregate" / f"tiny-{pasta_id}" / "wandb").glob("offline-run-*")
     config, summary = read_run(next(summary_run.glob("run-*.wandb")))
-    assert summary["jobs"] == 4 and any(k.startswith("delta/tiny/pasta/smoke/") for k in summary)
+    assert summary["jobs"] == 4 and "delta/smoke/steer_hydra.mcqa/letter_or_option/accuracy" in summary
+    assert sorted(summary["job_run_ids"]) == sorted(r["wandb_run_id"] for r in records)
     assert json.loads((sweep / "aggregate" / "missing_cells.json").read_text()) == []
     return records
 

@@ -1,0 +1,141 @@
+"""The results table (terminal and W&B), the one W&B key grammar, and job vs sweep runs logging the same keys."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+from app_helpers import FAST, read_run
+
+from steer_hydra.app import job as job_module
+from steer_hydra.app.callbacks import aggregate_sweep_dir
+from steer_hydra.app.report import changed_share, delta_rows, render, results_table, with_changed
+from steer_hydra.app.tracking import wandb_key
+
+
+def _results(arm: str, config_id: str, accuracy: float, stderr: float, n: int = 4) -> list[dict]:
+    common = {"arm": arm, "config_id": config_id, "suite": "smoke", "task": "steer_hydra/mcqa", "scorer": "acc"}
+    return [
+        {**common, "metric": "accuracy", "value": accuracy, "n": n},
+        {**common, "metric": "stderr", "value": stderr, "n": n},
+    ]
+
+
+def _samples(config_id: str, completions: list[str]) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "pipeline": config_id,
+            "config_id": config_id,
+            "trial_id": 0,
+            "suite": "smoke",
+            "task": "steer_hydra/mcqa",
+            "sample_id": list(range(len(completions))),
+            "completion": completions,
+        }
+    )
+
+
+def test_wandb_key_is_the_one_grammar():
+    assert wandb_key(None, "smoke", "steer_hydra/mcqa", "acc", "accuracy") == "smoke/steer_hydra.mcqa/acc/accuracy"
+    assert wandb_key("delta_ci_low", "s", "t", "sc", "m") == "delta_ci_low/s/t/sc/m"
+    assert wandb_key("plots", "paired_deltas") == "plots/paired_deltas"
+    with pytest.raises(ValueError, match="section"):
+        wandb_key("deltas", "x")
+
+
+def test_changed_share_pairs_samples_by_id_and_trial():
+    frame = pd.concat([_samples("baseline", ["a", "b", "c", "d"]), _samples("p1", ["a", "B", "c", "D"])])
+    changed = changed_share([frame], "baseline")
+    assert changed.to_dict("records") == [
+        {"config_id": "p1", "suite": "smoke", "task": "steer_hydra/mcqa", "changed": 0.5, "n_changed": 4}
+    ]
+
+
+def test_results_table_puts_baseline_first_and_the_delta_on_the_metric_it_moves():
+    results = pd.DataFrame(_results("pasta", "p1", 0.75, 0.2) + _results("baseline", "baseline", 0.25, 0.1))
+    deltas = pd.DataFrame(
+        [
+            {
+                "arm": "pasta",
+                "config_id": "p1",
+                "suite": "smoke",
+                "task": "steer_hydra/mcqa",
+                "metric": "acc",
+                "n": 4,
+                "delta": 0.5,
+                "ci_low": 0.1,
+                "ci_high": 0.9,
+            }
+        ]
+    )
+    deltas = with_changed(deltas, pd.DataFrame([{"config_id": "p1", "suite": "smoke", "task": "steer_hydra/mcqa",
+                                                  "changed": 0.75}]))  # fmt: skip
+    located = delta_rows(deltas, results)
+    assert located[["scorer", "metric"]].values.tolist() == [["acc", "accuracy"]]
+    table = results_table(results, deltas, "baseline")
+    assert table["arm"].tolist() == ["baseline", "pasta"]
+    assert table["value"].tolist() == [0.25, 0.75] and table["stderr"].tolist() == [0.1, 0.2]
+    assert math.isnan(table.loc[0, "delta"]) and table.loc[1, "delta"] == 0.5 and table.loc[1, "changed"] == 0.75
+    text = render(table, title="pasta vs baseline")
+    pasta_line = next(line for line in text.splitlines() if " pasta " in line)
+    for shown in ("0.750", "0.200", "+0.500", "[+0.10, +0.90]", "75%"):
+        assert shown in pasta_line, (shown, pasta_line)
+    assert "Δ vs baseline" in text and "95% CI" in text and "Changed" in text
+
+
+def test_an_all_equal_table_still_renders_every_row():
+    results = pd.DataFrame(_results("baseline", "baseline", 0.0, 0.0) + _results("pasta", "p1", 0.0, 0.0))
+    text = render(results_table(results, pd.DataFrame(), "baseline"), title="t")
+    assert text.count("steer_hydra/mcqa") == 2
+
+
+def _summary_of(run_dir):
+    (run,) = run_dir.glob("wandb/offline-run-*")
+    return read_run(next(run.glob("run-*.wandb")))
+
+
+@pytest.mark.slow
+def test_job_prints_the_table_and_job_and_sweep_runs_log_the_same_keys(compose_cfg, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    common = [*FAST, f"output_root={tmp_path}", "logger.log_artifact=false", "logger.log_samples=false"]
+    job_module.run_job(compose_cfg([*common, "arm=baseline"]), tmp_path / "0_base")
+    capsys.readouterr()
+    job_module.run_job(compose_cfg([*common, "arm=pasta"]), tmp_path / "1_pasta")
+    out = capsys.readouterr().out
+
+    # the table: every task of the suite, for both arms, with the delta column filled for pasta
+    tasks = ["steer_hydra/short_answer", "steer_hydra/mcqa", "steer_hydra/instruction_following"]
+    assert "Δ vs baseline" in out and "95% CI" in out
+    for task in tasks:
+        rows = [line for line in out.splitlines() if line.strip().startswith(task)]
+        assert len(rows) == 2, (task, out)
+        assert any(" pasta " in r and ("+" in r.split(" pasta ")[1] or "-" in r.split(" pasta ")[1]) for r in rows)
+    record = json.loads((tmp_path / "1_pasta" / "job_record.json").read_text())
+    assert f"inspect view --log-dir {tmp_path}/default/tiny/seed_0/inspect_logs/{record['config_id']}" in out
+    assert "results.csv" in out and "paired_deltas.csv" in out and "wandb sync" in out
+
+    # W&B: the job run's keys, config and the link to the sweep
+    config, job_summary = _summary_of(tmp_path / "1_pasta")
+    assert config["config_id"] == record["config_id"] and "overrides" in config and "sweep_id" in config
+    job_keys = {k for k in job_summary if k.startswith(("smoke/", "delta"))}
+    for task in tasks:
+        base = task.replace("/", ".")
+        assert any(k.startswith(f"delta/smoke/{base}/") for k in job_keys), task
+        assert any(k.startswith(f"delta_ci_low/smoke/{base}/") for k in job_keys), task
+
+    # the sweep summary run of the same configuration logs the same keys
+    sweep_cfg = compose_cfg([*common, "arm=pasta", f"hydra.sweep.dir={tmp_path}"], return_hydra_config=True)
+    aggregate_sweep_dir(tmp_path, sweep_cfg)
+    out = capsys.readouterr().out
+    assert "Sweep" in out and all(task in out for task in tasks)
+    sweep_config, sweep_summary = _summary_of(tmp_path / "aggregate" / f"tiny-{record['config_id']}")
+    sweep_keys = {k for k in sweep_summary if k.startswith(("smoke/", "delta"))}
+    assert sweep_keys == job_keys
+    metric = wandb_key("delta", "smoke", "steer_hydra/mcqa", "letter_or_option", "accuracy")
+    assert sweep_summary[metric] == pytest.approx(job_summary[metric])  # one seed: the pooled delta is the job's
+    assert sweep_config["config_id"] == record["config_id"]
+    assert sorted(sweep_summary["job_run_ids"]) == sorted(
+        json.loads((tmp_path / d / "job_record.json").read_text())["wandb_run_id"] for d in ("0_base", "1_pasta")
+    )
