@@ -5,6 +5,10 @@ app's config groups with the `-M` pairs as overrides (`base_model` stands for th
 `get_model()` has a `model` parameter of its own, so `-M model=...` never reaches a provider), builds and
 steers the pipeline, and uses the options of the composed `provider` group. Pass `--max-connections` equal to
 the batch ceiling (`provider.max_batch_size`, or 1 for an arm that cannot batch) so batches fill.
+
+The name after `steer_hydra/` is the arm: `--model steer_hydra/pasta -M base_model=tiny` runs arm `pasta`; with
+`-M arm=...` the name must be that arm (or its display name `arm@...`), else the run is refused before any model
+loads (a baseline silently labelled "pasta" would mislead every reader of the logs).
 """
 
 from __future__ import annotations
@@ -20,31 +24,55 @@ from steer_hydra.evaluation.provider import ProviderOptions
 ALIASES = {"base_model": "model"}
 
 
-def build_from_model_args(model_args: Mapping[str, Any]) -> tuple[SteeringPipeline, ProviderOptions]:
-    """Compose the app config with `key=value` overrides from `model_args`; return the steered pipeline."""
+def arm_overrides(model_args: Mapping[str, Any], model_name: str | None) -> list[str]:
+    """The `-M` pairs as overrides, with the arm taken from the model name when `-M arm` is not given.
+
+    Raises ValueError (naming the fix) when `-M arm=A` and the model name names another arm.
+    """
+    overrides = [f"{ALIASES.get(key, key)}={value}" for key, value in model_args.items()]
+    named = (model_name or "").split("@", 1)[0]
+    if not named:
+        return overrides
+    given = model_args.get("arm")
+    if given is None:
+        return [f"arm={named}", *overrides]
+    if str(given) != named:
+        raise ValueError(
+            f"--model steer_hydra/{model_name} names arm {named!r}, but -M arm={given} was given; the logs would "
+            f"label arm {given!r} as {named!r}. Fix: --model steer_hydra/{given} -M arm={given} (or drop -M arm "
+            "to take the arm from the model name)."
+        )
+    return overrides
+
+
+def build_from_model_args(
+    model_args: Mapping[str, Any], model_name: str | None = None
+) -> tuple[SteeringPipeline, ProviderOptions]:
+    """Compose the app config with `key=value` overrides from `model_args` (the arm from `model_name` unless
+    `-M arm` is given, see `arm_overrides`); return the steered pipeline."""
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
 
     from steer_hydra.app.plan import JobPlan
     from steer_hydra.app.schema import register_configs
 
     register_configs()
-    overrides = [f"{ALIASES.get(key, key)}={value}" for key, value in model_args.items()]
+    overrides = arm_overrides(model_args, model_name)
     GlobalHydra.instance().clear()
     try:
         with initialize_config_module(config_module="steer_hydra.conf", version_base="1.3"):
             cfg = compose("config", overrides=overrides)
+    except HydraException as error:
+        reason = str(error).split("\nConfig search path")[0].replace("\n\t", " ").replace("\n", " ")
+        raise ValueError(
+            f"--model steer_hydra/{model_name} with {overrides}: {reason}. Fix: name an arm option of the `arm` "
+            "group (--model steer_hydra/pasta) or pass -M arm=<option>; see python -m steer_hydra --help."
+        ) from error
     finally:
         GlobalHydra.instance().clear()
     plan = JobPlan.from_config(cfg)
-    pipeline = SteeringPipeline(
-        plan.model["model_name_or_path"],
-        controls=plan.controls,
-        backend=plan.backend,
-        hf_model_kwargs=plan.model.get("hf_model_kwargs") or {},
-        device_map=plan.model.get("device_map"),
-        trust_remote_code=bool(plan.model.get("trust_remote_code")),
-    )
+    pipeline = SteeringPipeline(plan.source, controls=plan.controls, backend=plan.backend)
     return pipeline.steer(), plan.options
 
 

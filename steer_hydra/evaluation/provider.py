@@ -212,7 +212,8 @@ class ProviderOptions:
                 raise ValueError(f"ProviderOptions.{name} must be one of {allowed}; got {value!r}.")
 
 
-PipelineBuilder = Callable[[Mapping[str, Any]], "tuple[SteeringPipeline, ProviderOptions | None]"]
+# called as builder(model_args, model_name): the name after `steer_hydra/` lets the builder check or infer the arm
+PipelineBuilder = Callable[[Mapping[str, Any], str], "tuple[SteeringPipeline, ProviderOptions | None]"]
 _pipeline_builder: PipelineBuilder | None = None
 
 
@@ -257,7 +258,7 @@ class SteeringPipelineModelAPI(ModelAPI):
         super().__init__(model_name=model_name, config=GenerateConfig())
         self._owns_pipeline = False
         if pipeline is None and model_args and _pipeline_builder is not None:
-            pipeline, built_options = _pipeline_builder(model_args)
+            pipeline, built_options = _pipeline_builder(model_args, model_name)
             options = options if options is not None else built_options
             self._owns_pipeline = True
             model_args = {}

@@ -19,7 +19,7 @@ def test_get_model_with_model_args_builds_and_owns_a_steered_pipeline():
     import steer_hydra.app.inspect_entry  # noqa: F401  (the entry point Inspect loads)
 
     model = get_model(
-        "steer_hydra/pasta-arm", arm="pasta", base_model="tiny", **{"arm.controls.pasta.alpha": 0.2}, memoize=False
+        "steer_hydra/pasta", arm="pasta", base_model="tiny", **{"arm.controls.pasta.alpha": 0.2}, memoize=False
     )
     api = model.api
     assert isinstance(api, SteeringPipelineModelAPI)
@@ -28,6 +28,17 @@ def test_get_model_with_model_args_builds_and_owns_a_steered_pipeline():
     assert pipeline.controls[0].alpha == 0.2
     api.close()
     assert not pipeline.is_steered and pipeline.model is None  # built from model args: released on close
+
+
+def test_the_model_name_is_the_arm_and_a_name_for_another_arm_is_refused_before_loading():
+    from steer_hydra.app.inspect_entry import arm_overrides
+
+    assert arm_overrides({"base_model": "tiny"}, "pasta") == ["arm=pasta", "model=tiny"]
+    assert arm_overrides({"arm": "pasta"}, "pasta@ede177") == ["arm=pasta"]  # a display name from the logs
+    with pytest.raises(ValueError, match=r"Fix: --model steer_hydra/baseline -M arm=baseline"):
+        get_model("steer_hydra/pasta", arm="baseline", base_model="tiny", memoize=False)
+    with pytest.raises(ValueError, match=r"Could not find 'arm/no_such_arm'.*Fix: name an arm option"):
+        get_model("steer_hydra/no_such_arm", base_model="tiny", memoize=False)
 
 
 def test_without_pipeline_or_model_args_the_error_names_both_ways():
