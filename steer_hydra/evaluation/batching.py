@@ -4,15 +4,21 @@ Inspect issues one async request per sample and keeps many outstanding; a `Steer
 allows one generation in flight, and accepts batches. The collator bridges the two with one `anyio.Lock` and
 no background task or timer:
 
-1. `admit()` validates a request and builds its `BatchRequest` (no enqueue); `serve()` enqueues it and
-   acquires the lock.
-2. The lock holder (the *leader*) whose record is not yet done takes its own record plus compatible queued
-   records (same batch key), in queue order, up to the ceiling, and runs one `pipeline.generate` call in a
-   worker thread. It fills every member's result slot and sets their `done` events on the loop thread.
-3. A waiter that acquires the lock with its record already served returns without dispatching.
+1. `admit()` validates a request and builds its `BatchRequest` (no enqueue); `serve()` enqueues it.
+2. When no worker thread is running, one requester becomes the *leader*: it takes its own record plus
+   compatible queued records (same batch key), in queue order, up to the ceiling, and starts a worker thread
+   that runs one `pipeline.generate` call for them, fills every member's result slot and wakes each member on
+   its event-loop thread.
+3. The worker does not stop there: while the queue holds a full batch (the head record's key at the ceiling,
+   or a record that dispatches alone) it takes it and generates again at once, so Inspect's per-sample work on
+   the finished rows (scoring, logging, starting the successors) runs on the event loop *while* the next batch
+   decodes instead of between two batches. When no full batch waits it ends and wakes the head record, whose
+   requester leads the next dispatch.
+4. A requester whose record was served returns; one woken without a result leads (or waits again).
 
 Invariants:
-- The lock holder is the only caller of `pipeline.generate`: one generation in flight, by construction.
+- The worker thread is the only caller of `pipeline.generate` and at most one runs: one generation in flight,
+  by construction (the queue, the leader flag and the worker slot change under one thread lock).
 - Records share a dispatch only when the batched call equals the per-request calls: the batch key digests the
   canonical call-scoped gen kwargs (seed and stop strings included), the sorted set of retained per-sample
   runtime-kwarg names (values may differ per row) and a single-candidate flag. Multi-candidate requests
@@ -20,7 +26,8 @@ Invariants:
 - While a batch is in flight new requests accumulate in the queue: the in-flight generation is the collation
   window. Before taking its batch, a leader below the ceiling also yields to the event loop until arrivals stop
   (a bounded number of yields, no clock), so a burst of requests that starts as a batch finishes dispatches
-  together instead of as fragments. With a ceiling of 1 the same path is strict serialization.
+  together instead of as fragments. With a ceiling of 1 the same path is strict serialization. Give Inspect
+  twice the ceiling as `max_connections` (`inspect_connections`) so a full next batch is queued when one ends.
 
 Runtime kwargs arrive on two tiers and are read against the declared scopes of the enabled controls:
 static (`ProviderOptions.runtime_kwargs`) "call" values pass through unchanged, static "row" values are one
@@ -42,9 +49,11 @@ avoids seed sensitivity (padded-batch numerics can still differ from single-row 
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
+import threading
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -52,7 +61,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 import anyio.lowlevel
-import anyio.to_thread
+import sniffio
 
 from steer_hydra.core.identity import canonical_value
 
@@ -81,10 +90,12 @@ class BatchRequest:
         per_sample_runtime_kwargs: The retained per-sample runtime kwargs (every key declared "row"-scoped).
         num_choices: Candidates requested; above 1 the request dispatches alone.
         batch_key: Digest deciding which records may share a dispatch.
-        done: Set (on the event-loop thread) once `output` or `error` holds the result.
+        done: Set (on the event-loop thread) once `output` or `error` holds the result; on the static path
+            also when the requester is asked to lead the next dispatch (then replaced by a fresh event).
         output: The record's `Output` on success.
         error: The record's own exception on failure.
-        notify: Sets `done` from another thread (the refill worker); None on the static path.
+        notify: Sets `done` from the worker thread, on the requester's event-loop thread (set by `serve()`).
+        abandoned: True when the dispatch holding the record was interrupted before producing a result.
     """
 
     prompt: Any
@@ -96,6 +107,35 @@ class BatchRequest:
     output: Output | None = None
     error: BaseException | None = None
     notify: Callable[[], None] | None = None
+    abandoned: bool = False
+
+
+def loop_caller() -> Callable[[Callable[[], None]], None]:
+    """A function that runs a callback on the current event-loop thread from any thread (asyncio or trio).
+
+    Call it on the loop thread; a callback scheduled after the loop has ended is dropped (nobody awaits it).
+    """
+    if sniffio.current_async_library() == "trio":
+        import trio
+
+        token = trio.lowlevel.current_trio_token()
+
+        def call_trio(callback: Callable[[], None]) -> None:
+            try:
+                token.run_sync_soon(callback)
+            except RuntimeError:
+                pass
+
+        return call_trio
+    loop = asyncio.get_running_loop()
+
+    def call_asyncio(callback: Callable[[], None]) -> None:
+        try:
+            loop.call_soon_threadsafe(callback)
+        except RuntimeError:
+            pass
+
+    return call_asyncio
 
 
 def batch_key(gen_kwargs: Mapping[str, Any], per_sample_runtime_kwargs: Mapping[str, Any], num_choices: int) -> str:
@@ -140,7 +180,9 @@ class LockLeaderCollator:
         self._declared_scopes = dict(declared_scopes)
         self._static = dict(static_runtime_kwargs)
         self._chat_template_kwargs = dict(chat_template_kwargs) if chat_template_kwargs is not None else None
-        self._lock = anyio.Lock()
+        self._queue_lock = threading.Lock()  # guards the queue, the leader flag and the worker slot
+        self._leading = False
+        self._worker: threading.Thread | None = None
         self._queue: dict[int, BatchRequest] = {}  # insertion-ordered, keyed by id(record)
         self._queued_keys: Counter[str] = Counter()
         self._closed = False
@@ -239,32 +281,94 @@ class LockLeaderCollator:
 
     # ------------------------------------------------------------------ the leader protocol
     async def serve(self, record: BatchRequest) -> Output:
-        """Enqueue an admitted record and run the leader protocol until the record holds its result.
+        """Enqueue an admitted record and wait until it holds its result, leading a dispatch when none runs.
 
         Raises:
             Exception: The record's own dispatch exception, re-raised on the requesting task.
         """
-        self._queue[id(record)] = record
-        self._queued_keys[record.batch_key] += 1
+        call = loop_caller()
+        record.notify = lambda: call(lambda: record.done.set())  # the event current when the callback runs
+        with self._queue_lock:
+            self._queue[id(record)] = record
+            self._queued_keys[record.batch_key] += 1
         self._awaited = max(0, self._awaited - 1)
         try:
-            async with self._lock:
-                if not record.done.is_set():
-                    await self._gather(record)
-                    batch = self._take_batch(record)
-                    try:
-                        await anyio.to_thread.run_sync(self._dispatch, batch, abandon_on_cancel=False)
-                    finally:
-                        for member in batch:  # anyio events are not thread-safe: set them on the loop thread
-                            member.done.set()
+            while not self._finished(record):
+                with self._queue_lock:
+                    lead = self._worker is None and not self._leading and id(record) in self._queue
+                    self._leading = self._leading or lead
+                if lead:
+                    await self._lead(record)
+                await record.done.wait()
+                if not self._finished(record):  # woken to lead the next dispatch: wait on a fresh event
+                    record.done = anyio.Event()
         finally:
-            self._discard(record)
+            with self._queue_lock:
+                self._discard(record)
+                # a requester cancelled after being woken to lead passes the turn on to the next queued record
+                idle = self._worker is None and not self._leading
+                head = next(iter(self._queue.values()), None) if idle and not self._finished(record) else None
+            if head is not None:
+                head.notify()
             self._awaited += 1  # this requester's next request (or its sample's successor) is likely to follow
         if record.error is not None:
             raise record.error
         if record.output is None:  # only when the worker thread was interrupted (a BaseException, not an error)
             raise RuntimeError("The batched dispatch holding this request was interrupted before it produced a result.")
         return record.output
+
+    @staticmethod
+    def _finished(record: BatchRequest) -> bool:
+        return record.output is not None or record.error is not None or record.abandoned
+
+    async def _lead(self, record: BatchRequest) -> None:
+        """Gather a batch around `record` on the event loop, then hand it to a new worker thread."""
+        started = False
+        try:
+            await self._gather(record)
+            with self._queue_lock:
+                batch = self._take_batch(record)
+                self._worker = threading.Thread(
+                    target=self._work, args=(batch,), name="steer-hydra-collator", daemon=True
+                )
+                self._worker.start()
+                started = True
+        finally:
+            with self._queue_lock:
+                self._leading = False
+                head = None if started else next((r for r in self._queue.values() if r is not record), None)
+            if head is not None:  # the leader was cancelled while gathering: the next record leads
+                head.notify()
+
+    def _work(self, batch: list[BatchRequest]) -> None:
+        """Worker thread: dispatch `batch`, then every full batch that waits; end by waking the next leader."""
+        head = None
+        try:
+            while batch:
+                try:
+                    self._dispatch(batch)
+                finally:
+                    for member in batch:
+                        if member.output is None and member.error is None:  # interrupted by a BaseException
+                            member.abandoned = True
+                        member.notify()
+                with self._queue_lock:
+                    batch = self._next_full_batch()
+        finally:
+            with self._queue_lock:
+                self._worker = None
+                head = next(iter(self._queue.values()), None)
+            if head is not None:
+                head.notify()
+
+    def _next_full_batch(self) -> list[BatchRequest]:
+        """Under the queue lock: the head record's batch if it is full (or dispatches alone), else []."""
+        head = next(iter(self._queue.values()), None)
+        if head is None:
+            return []
+        if head.num_choices > 1 or self._max_batch_size == 1 or self._compatible(head) >= self._max_batch_size:
+            return self._take_batch(head)
+        return []
 
     async def _gather(self, leader: BatchRequest) -> None:
         """Let requests on their way join the leader's batch before it is taken (no clock, no background task).

@@ -19,7 +19,6 @@ Invariants:
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 from collections import deque
@@ -27,9 +26,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
-import sniffio
 
-from steer_hydra.evaluation.batching import BatchRequest, LockLeaderCollator
+from steer_hydra.evaluation.batching import BatchRequest, LockLeaderCollator, loop_caller
 
 if TYPE_CHECKING:
     from steer_hydra.core.output import Output
@@ -39,27 +37,8 @@ logger = logging.getLogger(__name__)
 
 def threadsafe_setter(event: anyio.Event) -> Callable[[], None]:
     """A function that sets `event` from any thread (call on the event-loop thread that awaits it)."""
-    if sniffio.current_async_library() == "trio":
-        import trio
-
-        token = trio.lowlevel.current_trio_token()
-
-        def set_trio() -> None:
-            try:
-                token.run_sync_soon(event.set)
-            except RuntimeError:  # the loop has ended; nobody awaits the event any more
-                pass
-
-        return set_trio
-    loop = asyncio.get_running_loop()
-
-    def set_asyncio() -> None:
-        try:
-            loop.call_soon_threadsafe(event.set)
-        except RuntimeError:
-            pass
-
-    return set_asyncio
+    call = loop_caller()
+    return lambda: call(event.set)
 
 
 class RefillCollator(LockLeaderCollator):

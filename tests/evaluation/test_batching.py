@@ -461,3 +461,67 @@ def test_leader_waits_for_staggered_arrivals_only_while_requesters_are_awaited()
 
     anyio.run(main)
     assert warm.sizes() == [4, 4]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_full_batch_waiting_starts_while_the_event_loop_is_busy(backend):
+    """The worker starts the next full batch itself: Inspect's work on finished samples overlaps generation."""
+    gate, second_started = threading.Event(), threading.Event()
+
+    class Pipeline(StubPipeline):
+        def generate(self, **kwargs):
+            if len(self.calls) == 1:  # the second dispatch begins
+                second_started.set()
+            return super().generate(**kwargs)
+
+    pipeline = Pipeline(gate=gate)
+    collator = make(pipeline, ceiling=2)
+    records = [admit(collator, f"p{i}") for i in range(4)]
+    results = {}
+
+    async def one(i):
+        results[i] = await collator.serve(records[i])
+
+    async def main():
+        async with anyio.create_task_group() as tg:
+            for i in range(4):
+                tg.start_soon(one, i)
+            await anyio.to_thread.run_sync(pipeline.started.wait)
+            await anyio.wait_all_tasks_blocked()  # p2, p3 queued behind the in-flight p0, p1
+            gate.set()
+            # block the event loop: a next dispatch that needed the loop (a leader coroutine) could not start
+            results["overlapped"] = second_started.wait(5)
+
+    anyio.run(main, backend=backend)
+    assert results["overlapped"]
+    assert pipeline.sizes() == [2, 2] and pipeline.max_in_flight == 1
+    assert [int(results[i].output_ids[0, 0]) for i in range(4)] == [0, 1, 2, 3]
+    assert collator.queued == 0 and not collator._worker
+
+
+def test_the_worker_hands_a_partial_batch_back_to_a_leader():
+    """Below the ceiling the worker ends and the head record's requester gathers and leads (nothing strands)."""
+    gate = threading.Event()
+    pipeline = StubPipeline(gate=gate)
+    collator = make(pipeline, ceiling=4)
+
+    async def main():
+        records = [admit(collator, f"p{i}") for i in range(6)]
+        results = {}
+
+        async def one(i):
+            results[i] = await collator.serve(records[i])
+
+        async with anyio.create_task_group() as tg:
+            for i in range(4):
+                tg.start_soon(one, i)
+            await anyio.to_thread.run_sync(pipeline.started.wait)
+            for i in range(4, 6):
+                tg.start_soon(one, i)
+            await anyio.wait_all_tasks_blocked()
+            gate.set()
+        return [results[i] for i in range(6)]
+
+    outputs = anyio.run(main)
+    assert [int(o.output_ids[0, 0]) for o in outputs] == list(range(6))
+    assert pipeline.sizes() == [4, 2]
