@@ -17,6 +17,7 @@ import atexit
 import logging
 import shlex
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -64,11 +65,18 @@ def job_records(sweep_dir: Path) -> list[dict[str, Any]]:
     return list(records.values())
 
 
-def expected_jobs(config: DictConfig) -> list[list[str]]:
-    """Each job's overrides of the sweep `config` describes, in launch order (as Hydra's basic sweeper splits them)."""
+def expected_jobs(config: DictConfig, sweep_dir: Path | None = None) -> list[list[str]]:
+    """Each job's overrides of the sweep `config` describes, in launch order (as Hydra's basic sweeper splits them).
+
+    A sweeper that plans its jobs as it goes (the study sweeper) lists those it launched in `launched_jobs.json`.
+    """
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
+    sweep_dir = sweep_dir if sweep_dir is not None else Path(str(OmegaConf.select(config, "hydra.sweep.dir") or "."))
+    launched = sweep_dir / "launched_jobs.json"
+    if launched.is_file():
+        return [list(job) for job in read_json(launched)]
     params = OmegaConf.select(config, "hydra.sweeper.params") or {}
     arguments = [f"{k}={v}" for k, v in params.items()] + list(OmegaConf.select(config, "hydra.overrides.task") or [])
     parsed = OverridesParser.create().parse_overrides(arguments)
@@ -82,7 +90,7 @@ def missing_jobs(config: DictConfig, records: Sequence[Mapping[str, Any]], sweep
         o for o in OmegaConf.select(config, "hydra.overrides.hydra") or [] if o.startswith("hydra.searchpath")
     ]
     missing = []
-    for num, job in enumerate(expected_jobs(config)):
+    for num, job in enumerate(expected_jobs(config, sweep_dir)):
         shown = redact_overrides(job)
         if frozenset(shown) in finished:
             continue
@@ -292,10 +300,26 @@ class SweepAggregator(Callback):
 
     def __init__(self) -> None:
         self._pending: tuple[str, DictConfig] | None = None
+        self._jobs: list[Any] = []  # [total, done, started_at] of a sweep whose jobs run in this process
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._pending = (str(config.hydra.sweep.dir), config)
         atexit.register(self._after_failure)
+        try:
+            self._jobs = [len(expected_jobs(config)), 0, time.monotonic()]
+        except Exception:  # noqa: BLE001 - progress lines only; a sweeper this cannot split shows none
+            self._jobs = []
+
+    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        """A sweep whose jobs run in this process (the basic launcher): `Sweep: k/N job(s) done, ETA ...`."""
+        if not self._jobs:
+            return
+        total, done, started = self._jobs
+        done += 1
+        self._jobs[1] = done
+        elapsed = time.monotonic() - started
+        eta = f", about {elapsed / done * (total - done):.0f}s left" if done < total else ""
+        logger.info("Sweep: %d/%d job(s) done in %.0fs%s", done, total, elapsed, eta)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         self._pending = None

@@ -116,6 +116,18 @@ def test_job_prints_the_table_and_job_and_sweep_runs_log_the_same_keys(compose_c
     assert f"inspect view --log-dir {tmp_path}/default/tiny/seed_0/inspect_logs/{record['config_id']}" in out
     assert "results.csv" in out and "paired_deltas.csv" in out and "wandb sync" in out
 
+    # self-describing Inspect logs: arm, config_id, controls and a readable model name in every header
+    from inspect_ai.log import list_eval_logs, read_eval_log
+
+    cid = record["config_id"]
+    headers = [read_eval_log(info, header_only=True) for info in list_eval_logs(str(tmp_path / "default"))]
+    pasta = [h for h in headers if h.eval.metadata and h.eval.metadata.get("config_id") == cid]
+    assert len(pasta) == len(tasks)
+    for header in pasta:
+        assert header.eval.model == f"steer_hydra/pasta@{cid[:6]}" and "pasta" in header.eval.tags
+        assert header.eval.metadata["arm"] == "pasta" and header.eval.metadata["experiment"] == "default"
+        assert "PASTA" in json.dumps(header.eval.metadata["controls"]) and header.eval.metadata["model"] == "tiny"
+
     # W&B: the job run's keys, config and the link to the sweep
     config, job_summary = _summary_of(tmp_path / "1_pasta")
     assert config["config_id"] == record["config_id"] and "overrides" in config and "sweep_id" in config
@@ -139,3 +151,18 @@ def test_job_prints_the_table_and_job_and_sweep_runs_log_the_same_keys(compose_c
     assert sorted(sweep_summary["job_run_ids"]) == sorted(
         json.loads((tmp_path / d / "job_record.json").read_text())["wandb_run_id"] for d in ("0_base", "1_pasta")
     )
+
+
+def test_a_sweep_in_one_process_logs_jobs_done_out_of_total(caplog):
+    import logging
+    import time
+
+    from steer_hydra.app.callbacks import SweepAggregator
+
+    aggregator = SweepAggregator()
+    aggregator._jobs = [4, 0, time.monotonic()]
+    with caplog.at_level(logging.INFO, logger="steer_hydra.app.callbacks"):
+        aggregator.on_job_end(None, None)
+        aggregator.on_job_end(None, None)
+    assert "Sweep: 1/4 job(s) done" in caplog.text and "Sweep: 2/4 job(s) done" in caplog.text
+    assert "left" in caplog.text
