@@ -26,7 +26,7 @@ os.environ.setdefault("INSPECT_LOG_LEVEL", "error")
 
 import torch  # noqa: E402
 from inspect_ai import eval as inspect_eval  # noqa: E402
-from provider_throughput import make_prompts, make_task  # noqa: E402
+from inspect_runs import make_prompts, make_task  # noqa: E402
 
 from steer_hydra.core.output import Output  # noqa: E402
 from steer_hydra.evaluation import ProviderOptions, as_inspect_model  # noqa: E402

@@ -2,12 +2,15 @@
 
 One process, one tiny checkpoint saved to disk, the same prompts, greedy decoding and the same `max_tokens` for:
 
-  (a) provider@B   `inspect_ai.eval` through `as_inspect_model(pipeline)` at ceiling B (max_connections=B)
+  (a) provider@B   `inspect_ai.eval` through `as_inspect_model(pipeline)` at ceiling B (max_connections: the
+                   provider's `inspect_connections`, 2B, unless --connections-factor says otherwise)
   (b) raw@B        `pipeline.generate(messages=..., return_output=True)` on pre-formed batches of B
-  (c) provider@1   the provider at ceiling 1 (max_connections=1)
+  (c) provider@1   the provider at ceiling 1
   (d) hf/@B        Inspect's `hf/<checkpoint>` provider (max_connections=B, do_sample=False), fully offline
 
 Modes (a)-(c) run in interleaved rounds (the best round counts) so a noisy shared machine hurts them alike.
+The Inspect side (prompts, task, one eval through the provider or `hf/`) is `inspect_runs.py`, shared with
+`realistic_throughput.py`. `--checkpoint/--device/--dtype` run it on another model (the GPU driver uses them).
 Torch runs with one intra-op thread by default (`--threads`), the same for every mode.
 For the Inspect modes two rates are printed: `wall` (the whole `eval()` call, including Inspect's fixed start-up
 and log finalization) and `samples` (first sample start to last sample end, from the log). Ratios use `samples`
@@ -29,33 +32,18 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import statistics
 import sys
 import tempfile
 import time
-from datetime import datetime
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("INSPECT_DISPLAY", "none")
-os.environ.setdefault("INSPECT_LOG_LEVEL", "error")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from inspect_ai import Task  # noqa: E402
-from inspect_ai import eval as inspect_eval  # noqa: E402
-from inspect_ai.dataset import MemoryDataset, Sample  # noqa: E402
-from inspect_ai.scorer import includes  # noqa: E402
-from inspect_ai.solver import generate  # noqa: E402
+from inspect_runs import LEAN_LOGS, make_prompts, run_hf, run_provider  # noqa: E402
 
-from steer_hydra.core import SteeringPipeline  # noqa: E402
-from steer_hydra.evaluation import ProviderOptions, as_inspect_model  # noqa: E402
+from steer_hydra.core import ModelSource, SteeringPipeline  # noqa: E402
 from steer_hydra.models import TinySpec, save_tiny_model  # noqa: E402
-
-WORDS = (
-    "the cat and dog run to the city of paris in france where the river meets the sea and the sun is red "
-    "tell me a short story about a happy bird that can read and write please explain the sum of two numbers"
-).split()
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -83,101 +71,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--connections-factor",
         type=int,
-        default=1,
-        help="Inspect max_connections = factor * ceiling for the provider (2 keeps the next batch queued)",
+        default=None,
+        help="Inspect max_connections = factor * ceiling for the provider (default: its inspect_connections, 2x)",
     )
     parser.add_argument(
         "--lean-logs",
         action="store_true",
         help="log_realtime=False, log_buffer=100 for every Inspect mode (less per-sample logging work)",
     )
+    parser.add_argument("--checkpoint", default=None, help="use this checkpoint instead of building the tiny one")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32")
     return parser.parse_args(argv)
-
-
-def make_prompts(count: int) -> list[str]:
-    """Deterministic prompts of varied length (so batches are ragged, as in a real task)."""
-    prompts = []
-    for i in range(count):
-        start, length = (7 * i) % len(WORDS), 4 + (i % 9)
-        words = [WORDS[(start + k) % len(WORDS)] for k in range(length)]
-        prompts.append(f"{' '.join(words)} {i}")
-    return prompts
-
-
-def make_task(prompts: list[str]) -> Task:
-    samples = [Sample(input=p, target="paris", id=i) for i, p in enumerate(prompts)]
-    return Task(dataset=MemoryDataset(samples), solver=[generate()], scorer=includes(), name="throughput")
-
-
-class CountingPipeline:
-    """Delegates to the pipeline; records each dispatch's size and its start/end times (what the provider did)."""
-
-    def __init__(self, pipeline: SteeringPipeline) -> None:
-        self._pipeline = pipeline
-        self.sizes: list[int] = []
-        self.spans: list[tuple[float, float]] = []
-
-    def __getattr__(self, name: str):
-        return getattr(self._pipeline, name)
-
-    def generate(self, *args, **kwargs):
-        prompts = kwargs.get("messages") if kwargs.get("messages") is not None else kwargs.get("text")
-        single = isinstance(prompts, str) or (prompts and isinstance(prompts[0], dict))
-        self.sizes.append(1 if single else len(prompts))
-        start = time.perf_counter()
-        try:
-            return self._pipeline.generate(*args, **kwargs)
-        finally:
-            self.spans.append((start, time.perf_counter()))
-
-    def timing_ms(self) -> tuple[float, float]:
-        """Mean dispatch duration and mean idle gap between consecutive dispatches, in milliseconds."""
-        if not self.spans:  # refill: no static dispatch
-            return float("nan"), float("nan")
-        busy = statistics.mean(end - start for start, end in self.spans)
-        gaps = [b[0] - a[1] for a, b in zip(self.spans, self.spans[1:], strict=False)] or [0.0]
-        return 1000 * busy, 1000 * statistics.mean(gaps)
-
-
-def sample_window_rate(log) -> float:
-    starts = [datetime.fromisoformat(s.started_at) for s in log.samples if s.started_at]
-    ends = [datetime.fromisoformat(s.completed_at) for s in log.samples if s.completed_at]
-    return len(log.samples) / (max(ends) - min(starts)).total_seconds()
-
-
-def output_tokens(log) -> int:
-    return sum(s.output.usage.output_tokens for s in log.samples if s.output and s.output.usage)
-
-
-def run_provider(pipeline, prompts, ceiling, max_tokens, log_dir, log_options, batching="static", factor=1) -> dict:
-    counting = CountingPipeline(pipeline)
-    options = ProviderOptions(max_batch_size=ceiling, reasoning_tags=None, batching=batching)
-    model = as_inspect_model(counting, options=options)
-    start = time.perf_counter()
-    (log,) = inspect_eval(
-        make_task(prompts),
-        model=model,
-        display="none",
-        log_dir=str(log_dir),
-        temperature=0,
-        max_tokens=max_tokens,
-        max_connections=factor * model.api.effective_max_batch,
-        **log_options,
-    )
-    wall = time.perf_counter() - start
-    model.api.close()
-    if log.status != "success":
-        raise RuntimeError(f"provider eval failed: {log.error}")
-    busy_ms, gap_ms = counting.timing_ms()
-    return {
-        "wall": len(prompts) / wall,
-        "samples": sample_window_rate(log),
-        "tokens": output_tokens(log),
-        "mean_dispatch": statistics.mean(counting.sizes) if counting.sizes else float("nan"),
-        "dispatches": len(counting.sizes),
-        "busy_ms": busy_ms,
-        "gap_ms": gap_ms,
-    }
 
 
 def run_raw(pipeline, prompts, batch, max_tokens) -> dict:
@@ -196,25 +101,6 @@ def run_raw(pipeline, prompts, batch, max_tokens) -> dict:
     return {"wall": rate, "samples": rate, "tokens": tokens, "busy_ms": 1000 * elapsed / batches, "gap_ms": 0.0}
 
 
-def run_hf(path, prompts, batch, max_tokens, log_dir, log_options) -> dict:
-    start = time.perf_counter()
-    (log,) = inspect_eval(
-        make_task(prompts),
-        model=f"hf/{path}",
-        model_args={"device": "cpu", "do_sample": False},
-        display="none",
-        log_dir=str(log_dir),
-        temperature=0,
-        max_tokens=max_tokens,
-        max_connections=batch,
-        **log_options,
-    )
-    wall = time.perf_counter() - start
-    if log.status != "success":
-        raise RuntimeError(f"hf/ eval failed: {log.error}")
-    return {"wall": len(prompts) / wall, "samples": sample_window_rate(log), "tokens": output_tokens(log)}
-
-
 def best(results: list[dict]) -> dict:
     return max(results, key=lambda r: r["samples"])
 
@@ -224,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    log_options = {"log_realtime": False, "log_buffer": 100} if args.lean_logs else {}
+    log_options = dict(LEAN_LOGS) if args.lean_logs else {}
     prompts = make_prompts(args.samples)
     serial_prompts = prompts[: args.serial_samples] if args.serial_samples else prompts
     hf_prompts = prompts[: args.hf_samples] if args.hf_samples else prompts
@@ -233,18 +119,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     with tempfile.TemporaryDirectory(prefix="provider-throughput-") as tmp:
         root = Path(tmp)
-        checkpoint = save_tiny_model(root / "checkpoint", spec)
-        pipeline = SteeringPipeline(model_name_or_path=str(checkpoint), device="cpu").steer()
+        checkpoint = Path(args.checkpoint) if args.checkpoint else save_tiny_model(root / "checkpoint", spec)
+        dtype = getattr(torch, args.dtype)
+        pipeline = SteeringPipeline(
+            ModelSource(str(checkpoint), device=args.device, hf_model_kwargs={"dtype": dtype})
+        ).steer()
         params = sum(p.numel() for p in pipeline.model.parameters())
         print(
-            f"tiny checkpoint: hidden={spec.hidden_size} layers={spec.num_hidden_layers} params={params:,}; "
+            f"checkpoint params={params:,} device={args.device} dtype={args.dtype}; "
             f"samples={len(prompts)} max_tokens={args.max_tokens} batch={args.batch} torch_threads="
-            f"{torch.get_num_threads()} cpus={os.cpu_count()} lean_logs={args.lean_logs}",
+            f"{torch.get_num_threads()} cpus={os.cpu_count()} lean_logs={args.lean_logs} "
+            f"load={os.getloadavg()[0]:.1f}",
             flush=True,
         )
         # warm-up (allocator, kernels, Inspect imports and registry)
         run_raw(pipeline, prompts[: args.batch], args.batch, 8)
-        run_provider(pipeline, prompts[: args.batch], args.batch, 8, root / "warmup", log_options, args.batching)
+        common = {"max_tokens": args.max_tokens, "log_options": log_options}
+        run_provider(
+            pipeline, prompts[: args.batch], ceiling=args.batch, max_tokens=8, log_dir=root / "w", log_options={}
+        )
 
         results: dict[str, list[dict]] = {"provider": [], "raw": [], "serial": []}
         for round_index in range(args.rounds):
@@ -253,16 +146,15 @@ def main(argv: list[str] | None = None) -> int:
                 run_provider(
                     pipeline,
                     prompts,
-                    args.batch,
-                    args.max_tokens,
-                    root / f"p{round_index}",
-                    log_options,
-                    args.batching,
-                    args.connections_factor,
+                    ceiling=args.batch,
+                    log_dir=root / f"p{round_index}",
+                    batching=args.batching,
+                    factor=args.connections_factor,
+                    **common,
                 )
             )
             results["serial"].append(
-                run_provider(pipeline, serial_prompts, 1, args.max_tokens, root / f"s{round_index}", log_options)
+                run_provider(pipeline, serial_prompts, ceiling=1, log_dir=root / f"s{round_index}", **common)
             )
             print(
                 f"round {round_index + 1}: raw {results['raw'][-1]['samples']:.1f}/s, provider@{args.batch} "
@@ -271,7 +163,15 @@ def main(argv: list[str] | None = None) -> int:
             )
         hf = None
         if not args.skip_hf:
-            hf = run_hf(checkpoint, hf_prompts, args.batch, args.max_tokens, root / "hf", log_options)
+            hf = run_hf(
+                checkpoint,
+                hf_prompts,
+                batch=args.batch,
+                log_dir=root / "hf",
+                device=args.device,
+                dtype=args.dtype,
+                **common,
+            )
         pipeline.release()
 
     provider, raw, serial = best(results["provider"]), best(results["raw"]), best(results["serial"])

@@ -10,9 +10,15 @@ tokens: static and refill decode the same rows to the same lengths. The printed 
 Modes, at one batch ceiling B, run in interleaved rounds (medians reported; the machine may be shared):
   raw-static@B      `pipeline.generate` on pre-formed batches of B (each batch runs until its longest row ends)
   raw-refill@B      the pipeline's refill engine, fed from a queue (a finished row's slot takes the next prompt)
-  provider-static@B `inspect_ai.eval` through `as_inspect_model(..., batching="static")`, max_connections=B
+  provider-static@B `inspect_ai.eval` through `as_inspect_model(..., batching="static")`, max_connections: the
+                    provider's `inspect_connections` (2B); `provider-static-xN` sets N * B
   provider-refill@B the same with `batching="refill"`
-  hf/@B             Inspect's own `hf/` provider (the same checkpoint and EOS hazard), once (it is slow)
+  hf/@B             Inspect's own `hf/` provider (the same checkpoint and EOS hazard), max_connections=B, in every
+                    round on `--hf-samples` samples (it is slow: it waits for its queue to drain)
+
+The Inspect side (prompts, task, one eval through the provider or `hf/`) is `inspect_runs.py`, shared with
+`provider_throughput.py`. Ratios are printed two ways: of the medians, and the median over rounds of each
+round's ratio (paired within a round, so a load swing between rounds cancels; the machine may be shared).
 
 Columns: useful tok/s (tokens returned to Inspect, or by the pipeline, per second of the sample window), samples/s,
 waste (the fraction of row-steps spent on rows that had already finished: static batches only; refill never
@@ -38,12 +44,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from inspect_ai import eval as inspect_eval  # noqa: E402
-from inspect_ai.model import get_model  # noqa: E402
-from provider_throughput import CountingPipeline, make_prompts, make_task, sample_window_rate  # noqa: E402
+from inspect_runs import LEAN_LOGS, make_prompts, run_hf, run_provider  # noqa: E402
 
-from steer_hydra.core import SteeringPipeline  # noqa: E402
-from steer_hydra.evaluation import ProviderOptions, as_inspect_model  # noqa: E402
+from steer_hydra.core import ModelSource, SteeringPipeline  # noqa: E402
 from steer_hydra.models import TinySpec, save_tiny_model  # noqa: E402
 
 MODES = ("raw-static", "raw-refill", "provider-static", "provider-refill")
@@ -71,8 +74,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--connections-factor",
         type=int,
-        default=1,
-        help="Inspect max_connections = factor * B for the provider modes (2 keeps a next batch queued)",
+        default=None,
+        help="Inspect max_connections = factor * B for the provider modes (default: inspect_connections, 2B)",
     )
     parser.add_argument(
         "--switch-interval", type=float, default=None, help="sys.setswitchinterval (seconds; Python's default 0.005)"
@@ -166,102 +169,6 @@ def run_raw_refill(pipeline, chats, batch, max_tokens) -> dict:
     }
 
 
-def run_provider(pipeline, prompts, batch, max_tokens, batching, log_dir, log_options, factor) -> dict:
-    counting = StaticCounting(pipeline)
-    options = ProviderOptions(max_batch_size=batch, reasoning_tags=None, batching=batching)
-    model = as_inspect_model(counting, options=options)
-    start = time.perf_counter()
-    (log,) = inspect_eval(
-        make_task(prompts),
-        model=model,
-        display="none",
-        log_dir=str(log_dir),
-        temperature=0,
-        max_tokens=max_tokens,
-        max_connections=factor * model.api.effective_max_batch,
-        **log_options,
-    )
-    wall = time.perf_counter() - start
-    engine = getattr(model.api.collator, "engine", None)
-    occupancy = None
-    if engine is not None and engine.stats.slot_steps:
-        occupancy = engine.stats.row_steps / engine.stats.slot_steps
-    model.api.close()
-    if log.status != "success":
-        raise RuntimeError(f"provider eval failed: {log.error}")
-    window = len(log.samples) / sample_window_rate(log)
-    useful = sum(s.output.usage.output_tokens for s in log.samples if s.output and s.output.usage)
-    busy_ms, gap_ms = counting.timing_ms() if counting.spans else (float("nan"), float("nan"))
-    return {
-        "tokens": useful,
-        "tok_s": useful / window,
-        "samples_s": len(prompts) / window,
-        "wall_s": wall,
-        "waste": counting.waste() if counting.computed else 0.0,
-        "occupancy": occupancy,
-        "mean_dispatch": statistics.mean(counting.sizes) if counting.sizes else None,
-        "gap_ms": gap_ms,
-        "busy_ms": busy_ms,
-    }
-
-
-class StaticCounting(CountingPipeline):
-    """`CountingPipeline` that also counts row-steps of static dispatches (for the waste column)."""
-
-    def __init__(self, pipeline) -> None:
-        super().__init__(pipeline)
-        self.useful = 0
-        self.computed = 0
-
-    def generate(self, *args, **kwargs):
-        outputs = super().generate(*args, **kwargs)
-        if isinstance(outputs, list) and outputs:
-            rows = lengths_of(outputs, self._pipeline.tokenizer.pad_token_id)
-            self.useful += sum(rows)
-            self.computed += len(rows) * max(rows)
-        return outputs
-
-    def waste(self) -> float:
-        return 1 - self.useful / self.computed
-
-
-def run_hf(path, prompts, batch, max_tokens, hazard, log_dir, log_options, device, dtype) -> dict:
-    model_args = {"device": "cuda:0" if device == "cuda" else device, "do_sample": False}
-    if dtype != "float32":
-        model_args["dtype"] = dtype
-    model = get_model(f"hf/{path}", **model_args)
-    handle = hazard.install(model.api.model)
-    try:
-        start = time.perf_counter()
-        (log,) = inspect_eval(
-            make_task(prompts),
-            model=model,
-            display="none",
-            log_dir=str(log_dir),
-            temperature=0,
-            max_tokens=max_tokens,
-            max_connections=batch,
-            **log_options,
-        )
-        wall = time.perf_counter() - start
-    finally:
-        handle.remove()
-    if log.status != "success":
-        raise RuntimeError(f"hf/ eval failed: {log.error}")
-    window = len(log.samples) / sample_window_rate(log)
-    # hf/ reports each row's padded batch length as its output tokens: count the completion's tokens instead
-    tokenizer = model.api.tokenizer
-    useful = sum(len(tokenizer(s.output.completion, add_special_tokens=False)["input_ids"]) for s in log.samples)
-    return {
-        "tokens": useful,
-        "tok_s": useful / window,
-        "samples_s": len(prompts) / window,
-        "wall_s": wall,
-        "waste": None,
-        "occupancy": None,
-    }
-
-
 def _provider_mode(mode: str) -> tuple[str, int | None] | None:
     """`provider-static` / `provider-refill`, optionally `-xN` (Inspect max_connections = N * B)."""
     parts = mode.split("-")
@@ -296,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(m for m in modes if m not in MODES and not _provider_mode(m))
     if unknown:
         raise SystemExit(f"--modes: unknown {unknown}; valid: {MODES}")
-    log_options = {"log_realtime": False, "log_buffer": 100} if args.lean_logs else {}
+    log_options = dict(LEAN_LOGS) if args.lean_logs else {}
     prompts = make_prompts(args.samples)
     chats = [[{"role": "user", "content": p}] for p in prompts]
     dtype = getattr(torch, args.dtype)
@@ -310,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             checkpoint = save_tiny_model(root / "checkpoint", spec)
         pipeline = SteeringPipeline(
-            model_name_or_path=str(checkpoint), device=args.device, hf_model_kwargs={"dtype": dtype}
+            ModelSource(str(checkpoint), device=args.device, hf_model_kwargs={"dtype": dtype})
         ).steer()
         eos = pipeline.model.generation_config.eos_token_id
         eos = eos[0] if isinstance(eos, (list, tuple)) else eos
@@ -321,8 +228,8 @@ def main(argv: list[str] | None = None) -> int:
             f"checkpoint params={params:,} device={args.device} dtype={args.dtype}; samples={len(prompts)} "
             f"max_tokens={args.max_tokens} batch={args.batch} rounds={args.rounds} torch_threads="
             f"{torch.get_num_threads()} cpus={os.cpu_count()} lean_logs={args.lean_logs} "
-            f"connections={args.connections_factor}xB switch={sys.getswitchinterval()} "
-            f"hazard={args.hazard_a}/(pos+{args.hazard_b}) seed={args.seed}",
+            f"connections={args.connections_factor or 'inspect_connections '}xB switch={sys.getswitchinterval()} "
+            f"hazard={args.hazard_a}/(pos+{args.hazard_b}) seed={args.seed} load={os.getloadavg()[0]:.1f}",
             flush=True,
         )
         # warm-up of every path on a few prompts
@@ -331,14 +238,35 @@ def main(argv: list[str] | None = None) -> int:
         for batching in ("static", "refill"):
             if any(_provider_mode(m) and _provider_mode(m)[0] == batching for m in modes):
                 run_provider(
-                    pipeline, prompts[: args.batch], args.batch, 8, batching, root / f"w{batching}", log_options, 1
+                    pipeline,
+                    prompts[: args.batch],
+                    ceiling=args.batch,
+                    max_tokens=8,
+                    log_dir=root / f"w{batching}",
+                    log_options=log_options,
+                    batching=batching,
                 )
+        hf_prompts = prompts[: args.hf_samples] if args.hf_samples else prompts
+        if not args.skip_hf:
+            modes.append("hf")
 
         results: dict[str, list[dict]] = {m: [] for m in modes}
         for round_index in range(args.rounds):
             order = modes[round_index % len(modes) :] + modes[: round_index % len(modes)]  # rotate the order
             for mode in order:
-                if mode == "raw-static":
+                if mode == "hf":
+                    result = run_hf(
+                        checkpoint,
+                        hf_prompts,
+                        batch=args.batch,
+                        max_tokens=args.max_tokens,
+                        log_dir=root / f"hf{round_index}",
+                        log_options=log_options,
+                        device=args.device,
+                        dtype=args.dtype,
+                        hook=hazard,
+                    )
+                elif mode == "raw-static":
                     result = run_raw_static(pipeline, chats, args.batch, args.max_tokens)
                 elif mode == "raw-refill":
                     result = run_raw_refill(pipeline, chats, args.batch, args.max_tokens)
@@ -347,31 +275,17 @@ def main(argv: list[str] | None = None) -> int:
                     result = run_provider(
                         pipeline,
                         prompts,
-                        args.batch,
-                        args.max_tokens,
-                        batching,
-                        root / f"{mode}{round_index}",
-                        log_options,
-                        factor or args.connections_factor,
+                        ceiling=args.batch,
+                        max_tokens=args.max_tokens,
+                        log_dir=root / f"{mode}{round_index}",
+                        log_options=log_options,
+                        batching=batching,
+                        factor=factor or args.connections_factor,
                     )
                 results[mode].append(result)
             line = ", ".join(f"{m} {results[m][-1]['tok_s']:.0f} tok/s" for m in modes)
             print(f"round {round_index + 1}: {line}", flush=True)
         lengths = next((r[0]["lengths"] for r in results.values() if r and "lengths" in r[0]), None)
-        hf = None
-        if not args.skip_hf:
-            hf_prompts = prompts[: args.hf_samples] if args.hf_samples else prompts
-            hf = run_hf(
-                checkpoint,
-                hf_prompts,
-                args.batch,
-                args.max_tokens,
-                hazard,
-                root / "hf",
-                log_options,
-                args.device,
-                args.dtype,
-            )
         handle.remove()
         pipeline.release()
 
@@ -394,27 +308,30 @@ def main(argv: list[str] | None = None) -> int:
                 notes[mode] = f"mean dispatch {size:.2f} rows, idle {fmt(gap, '.0f')} ms between dispatches"
             else:
                 notes[mode] = "refill loop"
-    rows = [(f"{m}@{args.batch}", table[m], notes.get(m, "")) for m in modes]
-    if hf is not None:
-        rows.append((f"hf/@{args.batch}", hf, f"{len(hf_prompts)} samples, one run"))
+    if "hf" in modes:
+        notes["hf"] = f"{len(hf_prompts)} samples per round"
+    rows = [(f"{'hf/' if m == 'hf' else m}@{args.batch}", table[m], notes.get(m, "")) for m in modes]
     for name, r, note in rows:
         print(
             f"{name:<22}{fmt(r['tok_s'], '.1f'):>13}{fmt(r['samples_s'], '.2f'):>11}{fmt(r['waste'], '.2f'):>8}"
             f"{fmt(r['occupancy'], '.2f'):>11}{fmt(r['tokens'], '.0f'):>8}  {note}"
         )
 
-    if "raw-static" in table:
-        print()
-        base = table["raw-static"]["tok_s"]
-        for mode in modes[1:] if modes[0] == "raw-static" else modes:
-            if mode != "raw-static":
-                target = "   target >= 1.5" if mode == "raw-refill" else ""
-                print(f"{mode + '/raw-static':<34}{table[mode]['tok_s'] / base:>6.2f}  (useful tok/s){target}")
-        if hf is not None:
-            print(f"{'hf/raw-static':<34}{hf['tok_s'] / base:>6.2f}  (useful tok/s)")
-    for a, b in (("provider-refill", "provider-static"), ("provider-refill-x2", "provider-static-x2")):
-        if a in table and b in table:
-            print(f"{a + '/' + b:<34}{table[a]['tok_s'] / table[b]['tok_s']:>6.2f}  (useful tok/s)")
+    pairs = [(m, "raw-static") for m in modes if m != "raw-static" and "raw-static" in table]
+    pairs += [
+        (a, b)
+        for a, b in (("provider-refill", "provider-static"), ("provider-static", "hf"), ("provider-refill", "hf"))
+        if {a, b} <= set(table)
+    ]
+    if pairs:
+        print(f"\n{'useful tok/s ratio':<34}{'of medians':>11}{'per-round median':>18}  rounds")
+    for a, b in pairs:
+        per_round = [x["tok_s"] / y["tok_s"] for x, y in zip(results[a], results[b], strict=True)]
+        target = "   target >= 1.5" if (a, b) == ("raw-refill", "raw-static") else ""
+        print(
+            f"{a + '/' + b:<34}{table[a]['tok_s'] / table[b]['tok_s']:>11.2f}{statistics.median(per_round):>18.2f}  "
+            f"{' '.join(f'{r:.2f}' for r in per_round)}{target}"
+        )
     return 0
 
 

@@ -1,12 +1,9 @@
 """Run a throughput benchmark of `benchmarks/` on a real-size random Llama on a chosen device and dtype.
 
-`--benchmark provider_throughput` (provider vs raw vs Inspect `hf/`, fixed output length): the benchmark builds a
-CPU tiny checkpoint and a CPU pipeline, so this driver swaps three names in its module before calling `main()`:
-  save_tiny_model   -> saves a `--shape` Llama (built on --device in --dtype) once to --cache and returns its path
-  SteeringPipeline  -> the same class with device=--device and hf_model_kwargs dtype=--dtype
-  inspect_eval      -> the same function; `hf/...` models get model_args device/dtype
-`--benchmark realistic_throughput` (static vs refill on long-tailed lengths) takes --checkpoint/--device/--dtype
-itself; the driver only saves the checkpoint. Everything after `--` goes to the benchmark.
+Both benchmarks (`provider_throughput`: provider vs raw vs Inspect `hf/` at a fixed output length;
+`realistic_throughput`: static vs refill on long-tailed lengths) take --checkpoint/--device/--dtype themselves;
+this driver saves a `--shape` Llama (built on --device in --dtype) once to --cache and passes its path.
+Everything after `--` goes to the benchmark.
 
     python benchmarks/gpu/on_device.py --shape llama-3.2-1b --benchmark provider_throughput -- --batch 32
 """
@@ -78,38 +75,11 @@ def main() -> int:
     if device.startswith("cuda"):
         log(f"GPU: {torch.cuda.get_device_name(0)}")
     t = time.perf_counter()
-    if args.benchmark == "realistic_throughput":
-        checkpoint = save_checkpoint(args.shape, device, dtype, cache)
-        threads = "0" if device.startswith("cuda") else "1"  # several CPU threads spin-wait on a shared CPU
-        argv = ["--checkpoint", str(checkpoint), "--device", device, "--dtype", args.dtype, "--threads", threads, *rest]
-        log(f"benchmark args: {' '.join(argv)}")
-        rc = bench.main(argv)
-    else:
-        original_pipeline, original_eval = bench.SteeringPipeline, bench.inspect_eval
-
-        def pipeline_on_device(*a, **kw):
-            kw["device"] = device
-            kw["hf_model_kwargs"] = {**dict(kw.get("hf_model_kwargs") or {}), "dtype": dtype}
-            return original_pipeline(*a, **kw)
-
-        def eval_on_device(*a, **kw):
-            model = kw.get("model")
-            if isinstance(model, str) and model.startswith("hf/"):
-                hf_device = "cuda:0" if device == "cuda" else device
-                kw["model_args"] = {**dict(kw.get("model_args") or {}), "device": hf_device, "dtype": args.dtype}
-            started = time.perf_counter()
-            logs = original_eval(*a, **kw)
-            log(
-                f"  inspect eval {model if isinstance(model, str) else 'steer_hydra'} took "
-                f"{time.perf_counter() - started:.1f}s"
-            )
-            return logs
-
-        bench.save_tiny_model = lambda target, spec=None: save_checkpoint(args.shape, device, dtype, cache)
-        bench.SteeringPipeline = pipeline_on_device
-        bench.inspect_eval = eval_on_device
-        log(f"benchmark args: {' '.join(rest)} (shape {args.shape}, device {device}, dtype {args.dtype})")
-        rc = bench.main(rest)
+    checkpoint = save_checkpoint(args.shape, device, dtype, cache)
+    threads = "0" if device.startswith("cuda") else "1"  # several CPU threads spin-wait on a shared CPU
+    argv = ["--checkpoint", str(checkpoint), "--device", device, "--dtype", args.dtype, "--threads", threads, *rest]
+    log(f"benchmark args: {' '.join(argv)} (shape {args.shape})")
+    rc = bench.main(argv)
     if device.startswith("cuda"):
         log(f"peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB")
     log(f"{args.benchmark} done in {time.perf_counter() - t:.1f}s (rc={rc})")
