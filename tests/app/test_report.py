@@ -166,3 +166,16 @@ def test_a_sweep_in_one_process_logs_jobs_done_out_of_total(caplog):
         aggregator.on_job_end(None, None)
     assert "Sweep: 1/4 job(s) done" in caplog.text and "Sweep: 2/4 job(s) done" in caplog.text
     assert "left" in caplog.text
+
+
+@pytest.mark.slow
+def test_a_job_on_a_non_tty_prints_the_table_and_few_other_lines(run_app):
+    proc = run_app(*FAST, "arm=pasta")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = (proc.stdout + proc.stderr).splitlines()
+    table = [line for line in lines if line.strip().startswith(("steer_hydra/", "Task ", "───"))]
+    assert len(table) == 2 + 3  # header, rule, one row per task (no baseline in this save_dir yet)
+    assert len(lines) - len(table) <= 30, "\n".join(lines)
+    text = "\n".join(lines)
+    assert "wandb:" not in text and "Loading weights" not in text and "samples:" not in text  # no banners, no bars
+    assert text.count("PASTA got no substrings") == 1 and "backend.py" not in text  # once, without a source line
