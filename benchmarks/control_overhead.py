@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 
 from steer_hydra.controls.state import CAA, PASTA, ActAdd
-from steer_hydra.core import SteeringPipeline
+from steer_hydra.core import ModelSource, SteeringPipeline
 from steer_hydra.core.layout import ModelLayout, resolve_layout
 
 DEFAULT_MODEL = "steer_hydra:tiny?hidden_size=256&num_hidden_layers=8&num_attention_heads=8&intermediate_size=688"
@@ -55,9 +55,7 @@ def _pipeline(args: argparse.Namespace, controls: list) -> SteeringPipeline:
     kwargs = {"attn_implementation": args.attn}
     if args.dtype != "float32":
         kwargs["dtype"] = getattr(torch, args.dtype)
-    pipeline = SteeringPipeline(
-        model_name_or_path=args.model, controls=controls, device=args.device, hf_model_kwargs=kwargs
-    )
+    pipeline = SteeringPipeline(ModelSource(args.model, device=args.device, hf_model_kwargs=kwargs), controls=controls)
     return pipeline.steer()
 
 

@@ -35,7 +35,7 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 
 import torch  # noqa: E402
 
-from steer_hydra.core import BackendSpec, SteeringPipeline  # noqa: E402
+from steer_hydra.core import BackendSpec, ModelSource, SteeringPipeline  # noqa: E402
 from steer_hydra.core.tensors import strip_trailing  # noqa: E402
 from steer_hydra.models import resolve_model_reference  # noqa: E402
 
@@ -124,7 +124,9 @@ def engine_pipeline(args: argparse.Namespace, path: str, dtype: str, stack: list
         return SteeringPipeline(path, controls=caa_controls(args, path), backend=BackendSpec("vllm", options)).steer()
     from steer_hydra.testing.loopback_server import LoopbackCompletionsServer
 
-    served = SteeringPipeline(path, device=args.device, hf_model_kwargs={"dtype": getattr(torch, dtype)}).steer()
+    served = SteeringPipeline(
+        ModelSource(path, device=args.device, hf_model_kwargs={"dtype": getattr(torch, dtype)})
+    ).steer()
     server = LoopbackCompletionsServer(served).start()
     stack.append(lambda: (server.stop(), served.release()))
     spec = BackendSpec("vllm_serve", {"base_url": server.base_url, "max_concurrency": args.max_concurrency})
@@ -181,7 +183,9 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         report["dtype"] = dtype
         hf_kwargs = {"dtype": getattr(torch, dtype)}
-        hf = SteeringPipeline(path, controls=caa_controls(args, path), device=args.device, hf_model_kwargs=hf_kwargs)
+        hf = SteeringPipeline(
+            ModelSource(path, device=args.device, hf_model_kwargs=hf_kwargs), controls=caa_controls(args, path)
+        )
         hf.steer()
         set_steering(engine, False)
         set_steering(hf, False)

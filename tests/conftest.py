@@ -55,7 +55,7 @@ def make_pipeline():
 
     def factory(controls=(), *, chat: bool = True, steer: bool = True, **spec_fields):
         model, tokenizer = build_tiny_model(TinySpec(chat_template=chat, **spec_fields))
-        pipeline = SteeringPipeline(model=model, tokenizer=tokenizer, controls=list(controls), device="cpu")
+        pipeline = SteeringPipeline(model=model, tokenizer=tokenizer, controls=list(controls))
         built.append(pipeline)
         return pipeline.steer() if steer else pipeline
 

@@ -91,7 +91,7 @@ def make_prompt(tokenizer, index: int, n_tokens: int) -> str:
 # ---------------------------------------------------------------------- arms
 def build_arms(model, tokenizer, device: str, names: list[str]):
     from steer_hydra.controls.state import CAA, PASTA
-    from steer_hydra.core import SteeringPipeline
+    from steer_hydra.core import ModelSource, SteeringPipeline
     from steer_hydra.core.layout import resolve_layout
 
     layout = resolve_layout(model)
@@ -111,7 +111,7 @@ def build_arms(model, tokenizer, device: str, names: list[str]):
     pipes = {}
     for name in names:
         target, controls = specs[name]
-        pipes[name] = SteeringPipeline(model=target, tokenizer=tokenizer, controls=controls, device=device).steer()
+        pipes[name] = SteeringPipeline(ModelSource(device=device), controls, model=target, tokenizer=tokenizer).steer()
     return pipes, layout
 
 

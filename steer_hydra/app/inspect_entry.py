@@ -19,7 +19,7 @@ from typing import Any
 import steer_hydra.evaluation.provider as provider
 import steer_hydra.tasks  # noqa: F401  (registers steer_hydra/<task>)
 from steer_hydra.core.pipeline import SteeringPipeline
-from steer_hydra.evaluation.provider import ProviderOptions
+from steer_hydra.evaluation.options import ProviderOptions
 
 ALIASES = {"base_model": "model"}
 

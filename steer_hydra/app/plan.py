@@ -35,8 +35,9 @@ from steer_hydra.app.secrets import redact
 from steer_hydra.core.backend import BackendSpec
 from steer_hydra.core.controls import BaseControl
 from steer_hydra.core.identity import BASELINE_CONFIG_ID, canonical_value, config_digest
+from steer_hydra.core.source import ModelSource
 from steer_hydra.core.sweeps import config_descriptor_from_controls
-from steer_hydra.evaluation.provider import ProviderOptions
+from steer_hydra.evaluation.options import ProviderOptions
 from steer_hydra.evaluation.runner import SteeringEval
 from steer_hydra.evaluation.suite import RETRY_FIELDS, InspectSuite
 
@@ -295,16 +296,18 @@ class JobPlan:
                 logger.info("No log of suite %s was written: removing the protocol claim.", self.suite.name)
                 self.protocol_path.unlink(missing_ok=True)
 
+    @property
+    def source(self) -> ModelSource:
+        """The `model` group as the `ModelSource` every pipeline of this job loads."""
+        return ModelSource.from_config(self.model)
+
     def runner(self) -> SteeringEval:
         """The library runner for this job (one configuration, one suite); it claims the protocol before its cell."""
         return SteeringEval(
             {self.arm: self.controls},
-            self.model["model_name_or_path"],
+            self.source,
             [self.suite],
             backend=self.backend,
-            hf_model_kwargs=self.model.get("hf_model_kwargs") or {},
-            device_map=self.model.get("device_map"),
-            trust_remote_code=bool(self.model.get("trust_remote_code")),
             num_trials=self.num_trials,
             seed=self.seed,
             provider_options=self.options,

@@ -9,13 +9,18 @@ controls (their `Args` dataclasses), still before any model loads.
 from __future__ import annotations
 
 import enum
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional  # noqa: UP035  (OmegaConf needs typing.Optional/Dict/List)
 
 from hydra.core.config_store import ConfigStore
+from inspect_ai.util import DisplayType
 from omegaconf import MISSING
 
-from steer_hydra.evaluation.provider import BATCHING_MODES
+from steer_hydra.core.backend import BACKENDS
+from steer_hydra.core.params import SEED_SCOPES
+from steer_hydra.evaluation.options import BATCHING_MODES, SPLIT_MODES, UNSUPPORTED_POLICIES
+from steer_hydra.evaluation.runner import ON_UNSUPPORTED
 
 
 def _choices(name: str, values: tuple[str, ...]) -> type[enum.Enum]:
@@ -23,15 +28,17 @@ def _choices(name: str, values: tuple[str, ...]) -> type[enum.Enum]:
     return enum.Enum(name, {v: v for v in values}, module=__name__)
 
 
-BackendKind = _choices("BackendKind", ("huggingface", "vllm", "vllm_serve"))
-SeedScope = _choices("SeedScope", ("item", "dispatch"))
-ReasoningSplit = _choices("ReasoningSplit", ("auto", "text", "tokens"))
+# The value sets come from the library (a test pins it); backend kinds are spelled with `_` in configs
+# (`vllm_serve`, an alias `BackendSpec` accepts for `vllm-serve`).
+BackendKind = _choices("BackendKind", tuple(kind.replace("-", "_") for kind in BACKENDS))
+SeedScope = _choices("SeedScope", SEED_SCOPES)
+ReasoningSplit = _choices("ReasoningSplit", SPLIT_MODES)
 Batching = _choices("Batching", BATCHING_MODES)
-OnUnsupportedParam = _choices("OnUnsupportedParam", ("raise", "warn"))
-OnUnsupported = _choices("OnUnsupported", ("raise", "skip"))
+OnUnsupportedParam = _choices("OnUnsupportedParam", UNSUPPORTED_POLICIES)
+OnUnsupported = _choices("OnUnsupported", ON_UNSUPPORTED)
 LoggerKind = _choices("LoggerKind", ("wandb", "none"))
 WandbMode = _choices("WandbMode", ("auto", "online", "offline", "disabled"))
-Display = _choices("Display", ("none", "plain", "rich", "full", "conversation", "log"))
+Display = _choices("Display", typing.get_args(DisplayType))
 
 
 @dataclass

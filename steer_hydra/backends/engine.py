@@ -38,6 +38,7 @@ from steer_hydra.backends.vllm_steering import EngineSteering
 from steer_hydra.core.backend import Backend
 from steer_hydra.core.capabilities import Capability
 from steer_hydra.core.params import GenerationParams
+from steer_hydra.core.source import ModelSource
 from steer_hydra.core.tensors import eos_ids
 from steer_hydra.models import resolve_model_reference
 
@@ -62,35 +63,25 @@ class TokenEngineBackend(EngineSteering, Backend):
         self._generation_eos: list[int] = []
 
     # ------------------------------------------------------------------ load
-    def load(
-        self,
-        *,
-        model_name_or_path: str | None,
-        tokenizer_name_or_path: str | None,
-        model: Any,
-        tokenizer: Any,
-        device_map: Any,
-        device: Any,
-        hf_model_kwargs: Mapping[str, Any],
-        trust_remote_code: bool,
-    ) -> None:
+    def load(self, source: ModelSource, *, model: Any = None, tokenizer: Any = None) -> None:
         if model is not None:
             raise ValueError(
                 f"backend={self.kind} generates with its own engine and cannot adopt a preloaded model= "
                 f"({type(model).__name__}). Fix: pass model_name_or_path= (save_pretrained a custom model first), "
                 "or use backend=huggingface."
             )
-        if hf_model_kwargs:
+        if source.hf_model_kwargs:
             logger.warning(
                 "hf_model_kwargs %s are not used by backend=%s; engine settings go in the backend options.",
-                sorted(hf_model_kwargs),
+                sorted(source.hf_model_kwargs),
                 self.kind,
             )
-        self.model_path = resolve_model_reference(model_name_or_path) if model_name_or_path else None
-        self._trust_remote_code = trust_remote_code
-        self.tokenizer = self._client_tokenizer(tokenizer, tokenizer_name_or_path, trust_remote_code)
+        reference = source.model_name_or_path
+        self.model_path = resolve_model_reference(reference) if reference else None
+        self._trust_remote_code = source.trust_remote_code
+        self.tokenizer = self._client_tokenizer(tokenizer, source.tokenizer_name_or_path, source.trust_remote_code)
         self._generation_eos = _generation_config_eos(self.model_path)
-        self._open(model_name_or_path=model_name_or_path, trust_remote_code=trust_remote_code)
+        self._open(model_name_or_path=reference, trust_remote_code=source.trust_remote_code)
 
     def _client_tokenizer(self, tokenizer: Any, tokenizer_name_or_path: str | None, trust_remote_code: bool) -> Any:
         from steer_hydra.backends.huggingface import ensure_pad_token

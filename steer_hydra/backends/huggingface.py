@@ -6,7 +6,7 @@ import contextlib
 import gc
 import importlib.util
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -22,6 +22,7 @@ from steer_hydra.core.backend import Backend
 from steer_hydra.core.capabilities import Capability
 from steer_hydra.core.controls import HookSet
 from steer_hydra.core.params import GenerationParams
+from steer_hydra.core.source import ModelSource
 from steer_hydra.core.stopping import StopOnStrings, StopOnTokens
 from steer_hydra.core.tensors import eos_ids
 from steer_hydra.models import resolve_model_reference
@@ -37,36 +38,26 @@ class HFBackend(Backend):
         {Capability.IN_PROCESS_TORCH, Capability.HIDDEN_CAPTURE, Capability.BEAM_PROPOSALS, Capability.SAMPLED_ROLLOUTS}
     )
 
-    def load(
-        self,
-        *,
-        model_name_or_path: str | None,
-        tokenizer_name_or_path: str | None,
-        model: Any,
-        tokenizer: Any,
-        device_map: Any,
-        device: Any,
-        hf_model_kwargs: Mapping[str, Any],
-        trust_remote_code: bool,
-    ) -> None:
+    def load(self, source: ModelSource, *, model: Any = None, tokenizer: Any = None) -> None:
+        device = source.device
         if tokenizer is None:
-            source = tokenizer_name_or_path or model_name_or_path
-            if source is None:
-                raise ValueError("No tokenizer: pass tokenizer= or tokenizer_name_or_path= / model_name_or_path=.")
+            reference = source.tokenizer_name_or_path or source.model_name_or_path
+            if reference is None:
+                raise ValueError("No tokenizer: pass tokenizer= or a ModelSource with a model or tokenizer reference.")
             tokenizer = AutoTokenizer.from_pretrained(
-                resolve_model_reference(source), trust_remote_code=trust_remote_code
+                resolve_model_reference(reference), trust_remote_code=source.trust_remote_code
             )
         if model is None:
-            if model_name_or_path is None:
-                raise ValueError("No model: pass model= or model_name_or_path=.")
-            kwargs = dict(hf_model_kwargs)
-            if device is None and device_map is not None:
+            if source.model_name_or_path is None:
+                raise ValueError("No model: pass model= or a ModelSource with model_name_or_path.")
+            kwargs = dict(source.hf_model_kwargs)
+            if device is None and source.device_map is not None:
                 if importlib.util.find_spec("accelerate") is not None:
-                    kwargs.setdefault("device_map", device_map)
+                    kwargs.setdefault("device_map", source.device_map)
                 elif torch.cuda.is_available():
                     device = "cuda"
-            logger.info("Loading %s", model_name_or_path)
-            model = AutoModelForCausalLM.from_pretrained(resolve_model_reference(model_name_or_path), **kwargs)
+            logger.info("Loading %s", source.model_name_or_path)
+            model = AutoModelForCausalLM.from_pretrained(resolve_model_reference(source.model_name_or_path), **kwargs)
         if device is not None:
             model = model.to(device)
         model.eval()

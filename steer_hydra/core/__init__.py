@@ -20,6 +20,7 @@ from steer_hydra.core.identity import canonical_value, config_digest, derive_ite
 from steer_hydra.core.output import FINISH_REASONS, Output, infer_finish_reasons, truncate_at_stop_strings
 from steer_hydra.core.params import GenerationParams
 from steer_hydra.core.pipeline import SteeringPipeline
+from steer_hydra.core.source import ModelSource
 from steer_hydra.core.specs import ControlSpec, Factory
 from steer_hydra.core.sweeps import ConfigPoint, PipelineFactory, expand_configurations, preflight
 
@@ -38,6 +39,7 @@ __all__ = [
     "GenerationParams",
     "HookSet",
     "InputControl",
+    "ModelSource",
     "Output",
     "OutputControl",
     "PipelineFactory",

@@ -21,6 +21,7 @@ from steer_hydra.core.capabilities import Capability
 from steer_hydra.core.controls import HookSet
 from steer_hydra.core.identity import canonical_json
 from steer_hydra.core.params import GenerationParams
+from steer_hydra.core.source import ModelSource
 from steer_hydra.core.tensors import eos_ids
 
 BACKENDS: dict[str, str] = {
@@ -93,19 +94,9 @@ class Backend(ABC):
         self.tokenizer: Any = None
 
     @abstractmethod
-    def load(
-        self,
-        *,
-        model_name_or_path: str | None,
-        tokenizer_name_or_path: str | None,
-        model: Any,
-        tokenizer: Any,
-        device_map: Any,
-        device: Any,
-        hf_model_kwargs: Mapping[str, Any],
-        trust_remote_code: bool,
-    ) -> None:
-        """Load or adopt the model and tokenizer (sets `self.model`, possibly None, and `self.tokenizer`)."""
+    def load(self, source: ModelSource, *, model: Any = None, tokenizer: Any = None) -> None:
+        """Load `source`, or adopt the preloaded `model`/`tokenizer` (sets `self.model`, possibly None, and
+        `self.tokenizer`)."""
 
     @abstractmethod
     def generate(

@@ -36,6 +36,7 @@ from steer_hydra.core.identity import derive_item_seed
 from steer_hydra.core.output import Output, infer_finish_reasons, truncate_at_stop_strings
 from steer_hydra.core.params import GenerationParams
 from steer_hydra.core.rendering import has_chat_template
+from steer_hydra.core.source import ModelSource
 from steer_hydra.core.tensors import left_pack, pad_left, pad_right, strip_trailing, trim_left
 
 logger = logging.getLogger(__name__)
@@ -59,24 +60,15 @@ class SteeringPipeline:
     """A base model plus input, state, output and structural controls.
 
     Args:
-        model_name_or_path: Hugging Face id or local path (or `steer_hydra:tiny`), loaded in `steer()`.
+        source: where the model and tokenizer come from and how they load: a `ModelSource`, or a model
+            reference string (Hugging Face id, local path or `steer_hydra:tiny`), loaded in `steer()`.
         controls: any number per category; list order is composition order within a category.
-        tokenizer_name_or_path: defaults to the model reference.
-        device_map: forwarded to `from_pretrained` (default "auto"); ignored when `device` is set.
-        device: move the model there after loading.
-        hf_model_kwargs: forwarded to `from_pretrained` (e.g. `attn_implementation`, `dtype`).
-        trust_remote_code: for the tokenizer; give the model's through `hf_model_kwargs`.
         backend: a `BackendSpec`, a kind string ("huggingface", "vllm", "vllm-serve") or None (Hugging Face).
         model, tokenizer: preloaded objects reused by `steer()` (the tokenizer gets a pad token and left padding).
     """
 
-    model_name_or_path: str | None = None
+    source: ModelSource | str | None = None
     controls: Sequence[BaseControl] = ()
-    tokenizer_name_or_path: str | None = None
-    device_map: Any = "auto"
-    device: Any = None
-    hf_model_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    trust_remote_code: bool = False
     backend: BackendSpec | str | None = None
     model: Any = None
     tokenizer: Any = None
@@ -85,20 +77,21 @@ class SteeringPipeline:
     _is_steered: bool = field(init=False, default=False, repr=False)
 
     def __post_init__(self) -> None:
-        if self.device is not None and self.device_map not in (None, "auto"):
-            raise ValueError(f"Pass either device={self.device!r} or device_map={self.device_map!r}, not both.")
+        self.source = ModelSource.coerce(self.source)
         self.controls = list(self.controls)
         self._sets = merge_controls(self.controls)
         self.backend = BackendSpec.coerce(self.backend)
-        self.hf_model_kwargs = dict(self.hf_model_kwargs)
         runtime_kwargs_schema(self.controls)  # surfaces declaration conflicts at construction
         if (
             self.backend.kind == "huggingface"
             and self.model is None
-            and self.model_name_or_path is None
+            and self.source.model_name_or_path is None
             and not self._sets.structural
         ):
-            raise ValueError("SteeringPipeline needs a model: pass model_name_or_path= (or a preloaded model=).")
+            raise ValueError(
+                "SteeringPipeline needs a model. Fix: pass a model reference (or ModelSource) as source=, "
+                "or a preloaded model=."
+            )
         if self.tokenizer is not None:
             self._inject_tokenizer()
 
@@ -161,7 +154,7 @@ class SteeringPipeline:
                         f"Fix: use backend=huggingface, or remove {name} from this arm.",
                     )
                 )
-            for message in control.constraint_failures(spec.kind, self.hf_model_kwargs):
+            for message in control.constraint_failures(spec.kind, self.source.hf_model_kwargs):
                 failures.append(SupportFailure(name, "generate", message))
         return SupportReport(backend=spec.kind, failures=tuple(failures))
 
@@ -186,16 +179,7 @@ class SteeringPipeline:
         backend = backend_class(self.backend.kind)(self.backend.options)
         given_model, given_tokenizer = self.model, self.tokenizer
         try:
-            backend.load(
-                model_name_or_path=self.model_name_or_path,
-                tokenizer_name_or_path=self.tokenizer_name_or_path,
-                model=self.model,
-                tokenizer=self.tokenizer,
-                device_map=self.device_map,
-                device=self.device,
-                hf_model_kwargs=self.hf_model_kwargs,
-                trust_remote_code=self.trust_remote_code,
-            )
+            backend.load(self.source, model=self.model, tokenizer=self.tokenizer)
             self.model, self.tokenizer = backend.model, backend.tokenizer
             self._inject_tokenizer()
             for control in self._sets.enabled():

@@ -30,11 +30,10 @@ from steer_hydra.core.backend import BackendSpec
 from steer_hydra.core.controls import BaseControl, StructuralControl, declared_scopes
 from steer_hydra.core.identity import BASELINE_CONFIG_ID, config_digest, model_fingerprint
 from steer_hydra.core.pipeline import SteeringPipeline
+from steer_hydra.core.source import ModelSource
 from steer_hydra.core.specs import ControlSpec
 
 logger = logging.getLogger(__name__)
-
-FIT_VENUES = ("auto", "in_process")
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,21 +166,15 @@ class PreflightReport:
 def preflight(
     points: Sequence[ConfigPoint],
     *,
-    base_model_name_or_path: str | None,
+    source: ModelSource | str | None,
     backend: BackendSpec | str | None = None,
-    hf_model_kwargs: Mapping[str, Any] | None = None,
 ) -> list[PreflightReport]:
     """Run `check()` on a probe pipeline (no I/O) for every point; one report per point, in order."""
     reports = []
     for point in points:
         try:
             controls = point.controls_factory()
-            probe = SteeringPipeline(
-                model_name_or_path=base_model_name_or_path,
-                controls=controls,
-                backend=backend,
-                hf_model_kwargs=dict(hf_model_kwargs or {}),
-            )
+            probe = SteeringPipeline(source, controls=controls, backend=backend)
             failures = tuple(probe.check().messages())
             declared = frozenset(declared_scopes(controls))
         except Exception as error:  # a bad spec point must not hide the other points' verdicts
@@ -225,34 +218,20 @@ class PipelineFactory:
     """Builds, steers and releases one pipeline per configuration, sharing a preloaded base where it can.
 
     Args:
-        base_model_name_or_path: the model every configuration starts from.
+        source: the model every configuration starts from (a `ModelSource` or a model reference).
         backend: a `BackendSpec`, kind string or None (Hugging Face).
-        fit: where fitting runs ("auto" or "in_process"); recorded, in-process fitting is the only venue today.
-        hf_model_kwargs, device_map, device, trust_remote_code: forwarded to `SteeringPipeline`.
         share_base: let Hugging Face configurations without a structural control reuse one loaded base model.
     """
 
     def __init__(
         self,
-        base_model_name_or_path: str | None,
+        source: ModelSource | str | None,
         *,
         backend: BackendSpec | str | None = None,
-        fit: str = "auto",
-        hf_model_kwargs: Mapping[str, Any] | None = None,
-        device_map: Any = "auto",
-        device: Any = None,
-        trust_remote_code: bool = False,
         share_base: bool = True,
     ) -> None:
-        if fit not in FIT_VENUES:
-            raise ValueError(f"fit must be one of {FIT_VENUES}; got {fit!r}.")
-        self.base_model_name_or_path = base_model_name_or_path
+        self.source = ModelSource.coerce(source)
         self.backend = BackendSpec.coerce(backend)
-        self.fit = fit
-        self.hf_model_kwargs = dict(hf_model_kwargs or {})
-        self.device_map = device_map
-        self.device = device
-        self.trust_remote_code = trust_remote_code
         self.share_base = share_base
         self._base_model: torch.nn.Module | None = None
         self._base_tokenizer: Any = None
@@ -278,32 +257,18 @@ class PipelineFactory:
 
     def build(self, controls: Sequence[BaseControl]) -> SteeringPipeline:
         """An unsteered pipeline for `controls` (on the shared base when it qualifies)."""
-        common = {
-            "model_name_or_path": self.base_model_name_or_path,
-            "controls": list(controls),
-            "backend": self.backend,
-            "hf_model_kwargs": self.hf_model_kwargs,
-            "device_map": self.device_map,
-            "device": self.device,
-            "trust_remote_code": self.trust_remote_code,
-        }
         if self.uses_shared_base(controls):
             self._ensure_base()
-            return SteeringPipeline(**common, model=self._base_model, tokenizer=self._base_tokenizer)
+            return SteeringPipeline(
+                self.source, controls, self.backend, model=self._base_model, tokenizer=self._base_tokenizer
+            )
         self.release()  # a configuration with its own model: never hold two models at once
-        return SteeringPipeline(**common)
+        return SteeringPipeline(self.source, controls, self.backend)
 
     def _ensure_base(self) -> None:
         if self._base_model is not None:
             return
-        loader = SteeringPipeline(
-            model_name_or_path=self.base_model_name_or_path,
-            backend=self.backend,
-            hf_model_kwargs=self.hf_model_kwargs,
-            device_map=self.device_map,
-            device=self.device,
-            trust_remote_code=self.trust_remote_code,
-        ).steer()
+        loader = SteeringPipeline(self.source, backend=self.backend).steer()
         self._base_model, self._base_tokenizer = loader.model, loader.tokenizer
         loader.release()  # drops the loader's references; ours keep the model alive
         self._base_state = self._state()

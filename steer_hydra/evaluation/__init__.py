@@ -10,7 +10,7 @@ from typing import Any
 
 # public name -> defining module (append new exports here)
 _EXPORTS: dict[str, str] = {
-    "ProviderOptions": "steer_hydra.evaluation.provider",
+    "ProviderOptions": "steer_hydra.evaluation.options",
     "as_inspect_model": "steer_hydra.evaluation.provider",
     "SteeringPipelineModelAPI": "steer_hydra.evaluation.provider",
     "LockLeaderCollator": "steer_hydra.evaluation.batching",
@@ -19,7 +19,6 @@ _EXPORTS: dict[str, str] = {
     "sample_scorer_from_inspect": "steer_hydra.evaluation.scorers",
     "inspect_max_connections": "steer_hydra.evaluation.provider",
     "InspectSuite": "steer_hydra.evaluation.suite",
-    "smoke_suite": "steer_hydra.evaluation.suite",
     "SteeringEval": "steer_hydra.evaluation.runner",
     "results_frame": "steer_hydra.evaluation.frames",
     "runs_frame": "steer_hydra.evaluation.frames",

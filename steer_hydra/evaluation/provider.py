@@ -12,8 +12,8 @@ Contract:
 - Prompt path: with a chat template, conversations are dispatched as `messages=` (every input control runs as
   in deployment); without one, each conversation is rendered to plain text and dispatched as `text=` (no
   `adapt_messages`; token-level `adapt` still runs). The path is fixed at construction and warned about once.
-- The batch ceiling is `ProviderOptions.max_batch_size`, clamped to 1 when the pipeline cannot batch
-  (`effective_max_batch`). **Pass `max_connections=model.api.inspect_connections` to every `inspect_ai.eval` /
+- The batch ceiling is `ProviderOptions.batch_ceiling(pipeline)` (`max_batch_size`, or 1 when the pipeline cannot
+  batch; `effective_max_batch`). **Pass `max_connections=model.api.inspect_connections` to every `inspect_ai.eval` /
   `eval_set` call**: Inspect's adaptive concurrency ignores `ModelAPI.max_connections()` unless
   `max_connections` is given, and with it given `max_samples` defaults to the same value. That number is the
   ceiling under static batching (batches fill exactly) and twice the ceiling under refill (a freed slot finds
@@ -28,7 +28,6 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from inspect_ai.model import (
@@ -49,10 +48,9 @@ from steer_hydra.core.controls import runtime_kwargs_schema
 from steer_hydra.core.output import truncate_at_stop_strings
 from steer_hydra.core.rendering import has_chat_template, render_messages
 from steer_hydra.evaluation.batching import LockLeaderCollator
+from steer_hydra.evaluation.options import POLICY_CHECKED_FIELDS, REFUSED_FIELDS, ProviderOptions
 from steer_hydra.evaluation.refill_serving import RefillCollator
 from steer_hydra.evaluation.thinking import (
-    DEFAULT_THINK_TAGS,
-    SPLIT_MODES,
     ThinkingSplit,
     resolve_split_mode,
     split_thinking,
@@ -72,54 +70,6 @@ PROVIDER_NAME = "steer_hydra"
 DEFAULT_MODEL_NAME = "steering-pipeline"
 RUNTIME_KWARGS_EXTRA_BODY_KEY = "runtime_kwargs"
 
-# Every GenerateConfig field belongs to exactly one of these sets (a test fails when Inspect adds a field).
-MAPPED_FIELDS: frozenset[str] = frozenset(
-    {"max_tokens", "stop_seqs", "temperature", "top_p", "top_k", "seed", "num_choices", "extra_body"}
-)
-UPSTREAM_FIELDS: frozenset[str] = frozenset(
-    {
-        "system_message",
-        "max_retries",
-        "timeout",
-        "attempt_timeout",
-        "stream_idle_timeout",
-        "max_connections",
-        "adaptive_connections",
-        "fallback_models",
-        "cache",
-        "cache_prompt",
-        "batch",
-        "parallel_tool_calls",
-        "internal_tools",
-        "max_tool_output",
-        "fail_on_refusal",
-    }
-)
-POLICY_FIELDS: frozenset[str] = frozenset(
-    {
-        "best_of",
-        "frequency_penalty",
-        "presence_penalty",
-        "logit_bias",
-        "response_schema",
-        "reasoning_effort",
-        "reasoning_tokens",
-        "reasoning_summary",
-        "reasoning_history",
-        "reasoning_mode",
-        "verbosity",
-        "effort",
-        "extra_headers",
-        "modalities",
-    }
-)
-REFUSED_FIELDS: frozenset[str] = frozenset({"logprobs", "top_logprobs", "prompt_logprobs"})
-# Checked against the unsupported-parameter policy: the policy fields plus any field Inspect adds later.
-_POLICY_CHECKED = tuple(sorted(set(GenerateConfig.model_fields) - (MAPPED_FIELDS | UPSTREAM_FIELDS | REFUSED_FIELDS)))
-
-UNSUPPORTED_POLICIES = ("raise", "warn")
-SEED_SCOPES = ("item", "dispatch")
-BATCHING_MODES = ("auto", "static", "refill")
 _STOP_REASONS = {"length": "max_tokens", "stop": "stop", "eos": "stop"}
 
 _GENERATION_ONLY = (
@@ -127,89 +77,6 @@ _GENERATION_ONLY = (
     "(output controls such as decoding drivers define no per-token distribution), so tools, tool messages, "
     "logprobs and non-text content are not supported. Use a non-agentic, text-only task."
 )
-
-
-@dataclass(frozen=True, slots=True)
-class ProviderOptions:
-    """How the provider drives the pipeline (validated at construction).
-
-    Attributes:
-        runtime_kwargs: Static runtime kwargs applied to every request ("row"-scoped values are one row's value,
-            broadcast to every row; "call"-scoped values pass through; undeclared names are inert).
-        chat_template_kwargs: Forwarded to `apply_chat_template` on the messages path (refused on the text path).
-        max_batch_size: The batching ceiling (clamped to 1 when the pipeline cannot batch).
-        default_max_tokens: `max_tokens` for requests that set none.
-        reasoning_tags: `(open, close)` tags split off as reasoning before scoring; None disables the split.
-        reasoning_opened_at_start: The prompt opens the thinking channel, so a continuation starts inside it.
-        reasoning_split: "auto" (text when both tags round-trip through the tokenizer, else tokens), "text" or
-            "tokens".
-        on_unsupported_param: "raise" (default) or "warn" (warn once per field, then ignore) for
-            `GenerateConfig` parameters the pipeline cannot honor.
-        seed_scope: "dispatch" (one derived seed per batched dispatch, decoded in one pass) or "item" (one seed
-            per row, rows decoded one at a time), attached to seeded sampling requests. Static batching only:
-            refill always samples each row from its own item seed.
-        batching: "refill" decodes in one loop that refills a finished row's slot with the next request
-            (`RefillCollator`; Hugging Face backend, controls that declare `supports_refill`), "static" runs
-            each batch until its longest row ends (`LockLeaderCollator`, the default), "auto" refills whenever
-            the pipeline allows it and the ceiling is above 1.
-    """
-
-    runtime_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    chat_template_kwargs: Mapping[str, Any] | None = None
-    max_batch_size: int = 8
-    default_max_tokens: int = 1024
-    reasoning_tags: tuple[str, str] | None = DEFAULT_THINK_TAGS
-    reasoning_opened_at_start: bool = False
-    reasoning_split: str = "auto"
-    on_unsupported_param: str = "raise"
-    seed_scope: str = "dispatch"
-    batching: str = "static"
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.runtime_kwargs, Mapping):
-            raise TypeError(
-                f"ProviderOptions.runtime_kwargs must be a mapping of name to value; got "
-                f"{type(self.runtime_kwargs).__name__} {self.runtime_kwargs!r}. Fix: pass a dict, e.g. "
-                "runtime_kwargs={'substrings': ['...']}."
-            )
-        object.__setattr__(self, "runtime_kwargs", dict(self.runtime_kwargs))
-        if self.chat_template_kwargs is not None:
-            if not isinstance(self.chat_template_kwargs, Mapping):
-                raise TypeError(
-                    f"ProviderOptions.chat_template_kwargs must be a mapping or None; got "
-                    f"{type(self.chat_template_kwargs).__name__} {self.chat_template_kwargs!r}."
-                )
-            object.__setattr__(self, "chat_template_kwargs", dict(self.chat_template_kwargs))
-        for name in ("max_batch_size", "default_max_tokens"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"ProviderOptions.{name} must be an integer >= 1; got {value!r}.")
-        tags = self.reasoning_tags
-        if tags is not None:
-            if (
-                isinstance(tags, str)
-                or not isinstance(tags, Sequence)
-                or len(tags) != 2
-                or not all(isinstance(t, str) and t for t in tags)
-            ):
-                raise ValueError(
-                    f"ProviderOptions.reasoning_tags must be None or a pair of non-empty strings (open, close); "
-                    f"got {tags!r}. Fix: e.g. reasoning_tags=('<think>', '</think>'), or None to disable the split."
-                )
-            object.__setattr__(self, "reasoning_tags", (tags[0], tags[1]))
-        if not isinstance(self.reasoning_opened_at_start, bool):
-            raise TypeError(
-                f"ProviderOptions.reasoning_opened_at_start must be a bool; got {self.reasoning_opened_at_start!r}."
-            )
-        for name, allowed in (
-            ("reasoning_split", SPLIT_MODES),
-            ("on_unsupported_param", UNSUPPORTED_POLICIES),
-            ("seed_scope", SEED_SCOPES),
-            ("batching", BATCHING_MODES),
-        ):
-            value = getattr(self, name)
-            if value not in allowed:
-                raise ValueError(f"ProviderOptions.{name} must be one of {allowed}; got {value!r}.")
 
 
 # called as builder(model_args, model_name): the name after `steer_hydra/` lets the builder check or infer the arm
@@ -299,7 +166,7 @@ class SteeringPipelineModelAPI(ModelAPI):
                 stacklevel=2,
             )
 
-        self._effective_max_batch = options.max_batch_size if pipeline.supports_batching else 1
+        self._effective_max_batch = options.batch_ceiling(pipeline)
         if self._effective_max_batch != options.max_batch_size:
             logger.info(
                 "The pipeline has a control that does not support batching; the batch ceiling is clamped from "
@@ -466,7 +333,7 @@ class SteeringPipelineModelAPI(ModelAPI):
                 "Sample.metadata['runtime_kwargs'] and use runtime_kwargs_solver()."
             )
 
-        for name in _POLICY_CHECKED:
+        for name in POLICY_CHECKED_FIELDS:
             value = getattr(config, name)
             if value is not None:
                 self._unsupported(f"GenerateConfig.{name}", name, value)

@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 from steer_hydra.core.controls import declared_scopes
 from steer_hydra.core.identity import canonical_json, derive_trial_seed, model_fingerprint
 from steer_hydra.core.rendering import has_chat_template
+from steer_hydra.core.source import ModelSource
 from steer_hydra.core.sweeps import PipelineFactory, expand_configurations, preflight
 from steer_hydra.evaluation.frames import (
     attach_params,
@@ -73,9 +74,10 @@ class SteeringEval:
 
     Args:
         pipelines: `{name: [] | [Control, ...] | [ControlSpec, ...]}`; `[]` is the baseline arm.
-        base_model_name_or_path: the model every configuration starts from (e.g. `steer_hydra:tiny`).
+        source: the model every configuration starts from: a `ModelSource`, or a model reference
+            (e.g. `steer_hydra:tiny`).
         suites: `InspectSuite`s with distinct names.
-        backend, fit, hf_model_kwargs, device_map, trust_remote_code: how pipelines are built.
+        backend: where generation runs (a `BackendSpec`, a kind string or None for Hugging Face).
         num_trials: repetitions of every (configuration, suite); each trial has its own seed and log directory.
         seed: base seed; trial seeds are `derive_trial_seed(seed, config_id, trial)`. None: unseeded.
         provider_options: `ProviderOptions` for the Inspect provider (static runtime kwargs, batch size...).
@@ -93,14 +95,10 @@ class SteeringEval:
     def __init__(
         self,
         pipelines: Mapping[str, Sequence[Any]],
-        base_model_name_or_path: str | None,
+        source: ModelSource | str | None,
         suites: Sequence[InspectSuite],
         *,
         backend: Any = None,
-        fit: str = "auto",
-        hf_model_kwargs: Mapping[str, Any] | None = None,
-        device_map: Any = "auto",
-        trust_remote_code: bool = False,
         num_trials: int = 1,
         seed: int | None = None,
         provider_options: Any = None,
@@ -130,13 +128,9 @@ class SteeringEval:
         if duplicates:
             raise ValueError(f"Suite names must be distinct (they name log directories); repeated: {duplicates}.")
         self.pipelines = dict(pipelines)
-        self.base_model_name_or_path = base_model_name_or_path
+        self.source = ModelSource.coerce(source)
         self.suites = suites
         self.backend = backend
-        self.fit = fit
-        self.hf_model_kwargs = dict(hf_model_kwargs or {})
-        self.device_map = device_map
-        self.trust_remote_code = trust_remote_code
         self.num_trials = num_trials
         self.seed = seed
         self.provider_options = provider_options
@@ -150,6 +144,11 @@ class SteeringEval:
         self._log_root: Path | None = None
         self._params_by_config: dict[str, Mapping[str, Mapping[str, Any]]] = {}
 
+    @property
+    def base_model_name_or_path(self) -> str | None:
+        """The base model reference (the source's `model_name_or_path`)."""
+        return self.source.model_name_or_path
+
     # ------------------------------------------------------------------------------------------ run
     def run(self) -> dict[str, list[dict[str, Any]]]:
         """Evaluate every configuration x trial x suite; returns `{pipeline name: [run record, ...]}`.
@@ -158,12 +157,7 @@ class SteeringEval:
         "n", "failed", "log"}}}`, logs relative to `save_dir`) and `provenance`.
         """
         points = expand_configurations(self.pipelines, self.base_model_name_or_path)
-        reports = preflight(
-            points,
-            base_model_name_or_path=self.base_model_name_or_path,
-            backend=self.backend,
-            hf_model_kwargs=self.hf_model_kwargs,
-        )
+        reports = preflight(points, source=self.source, backend=self.backend)
         bad = [r for r in reports if not r.ok]
         if bad and self.on_unsupported == "raise":
             lines = [f"  - {r.point.pipeline_name} [{r.point.config_id}]: {m}" for r in bad for m in r.failures]
@@ -200,14 +194,7 @@ class SteeringEval:
             len(self.suites),
             n_cells,
         )
-        factory = PipelineFactory(
-            self.base_model_name_or_path,
-            backend=self.backend,
-            fit=self.fit,
-            hf_model_kwargs=self.hf_model_kwargs,
-            device_map=self.device_map,
-            trust_remote_code=self.trust_remote_code,
-        )
+        factory = PipelineFactory(self.source, backend=self.backend)
         bar = tqdm(total=n_cells, disable=not self.progress, desc="steering cells", unit="cell")
         cell = 0
         try:
@@ -299,7 +286,7 @@ class SteeringEval:
                     "suite": suite,
                     "base_model": self.base_model_name_or_path,
                     "backend": self.backend,
-                    "hf_model_kwargs": self.hf_model_kwargs,
+                    "hf_model_kwargs": self.source.hf_model_kwargs,
                     "provider_options": self.provider_options,
                     "generate_defaults": self.generate_defaults,
                     "trial_seed": self._trial_seed(config_id, trial),
@@ -381,7 +368,6 @@ class SteeringEval:
             "transformers_version": _version("transformers"),
             "backend": factory.backend_kind,
             "base_model": self.base_model_name_or_path,
-            "fit": self.fit,
             "prompt_path": ("messages" if has_chat_template(tokenizer) else "text") if tokenizer is not None else None,
             "shared_base_fingerprint": factory.shared_base_fingerprint if factory.uses_shared_base(controls) else None,
             "model_fingerprint": model_fingerprint(model) if model is not None else None,
@@ -450,13 +436,13 @@ class SteeringEval:
 def _control_provenance(pipeline: Any, controls: Sequence[Any], options: Any) -> dict[str, Any]:
     """What the arm's controls mean for the provider: batch ceiling, declared and inert static kwargs, vectors."""
     if options is None:
-        from steer_hydra.evaluation.provider import ProviderOptions  # the suite runs Inspect anyway
+        from steer_hydra.evaluation.options import ProviderOptions  # the suite runs Inspect anyway
 
         options = ProviderOptions()
     declared = declared_scopes(controls)
     static = options.runtime_kwargs or {}
     return {
-        "effective_max_batch": options.max_batch_size if pipeline.supports_batching else 1,
+        "effective_max_batch": options.batch_ceiling(pipeline),
         "declared_runtime_kwargs": declared,
         "inert_static_runtime_kwargs": sorted(set(static) - set(declared)),
         "steering_vector_hashes": {

@@ -27,7 +27,6 @@ from urllib.request import url2pathname
 
 logger = logging.getLogger(__name__)
 
-BUILTIN_TASK_PREFIX = "steer_hydra/"
 RESPONSE_CACHE_KEYS = ("cache", "cache_prompt")
 RETRY_FIELDS = ("retry_attempts", "retry_on_error")  # how failures are retried, not what is evaluated
 
@@ -97,9 +96,6 @@ class InspectSuite:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"InspectSuite {self.name!r}: {key} must be an int >= 0; got {value!r}.")
 
-    def task_names(self) -> list[str]:
-        return [task_name(t) for t in self.tasks]
-
     def run(
         self,
         pipeline: Any,
@@ -125,9 +121,6 @@ class InspectSuite:
 
         from steer_hydra.evaluation.provider import as_inspect_model
 
-        if any(task_name(t).startswith(BUILTIN_TASK_PREFIX) for t in self.tasks):
-            import steer_hydra.tasks  # noqa: F401  (registers the built-in tasks by name)
-
         settings = {**dict(generate_defaults or {}), **self.generate_overrides}
         cached = [k for k in RESPONSE_CACHE_KEYS if settings.get(k)]
         if cached:
@@ -138,7 +131,7 @@ class InspectSuite:
             )
         _check_max_tokens(pipeline, settings.get("max_tokens", getattr(options, "default_max_tokens", None)))
         model = as_inspect_model(pipeline, options=options, base_seed=base_seed, model_name=model_name)
-        settings.setdefault("max_connections", _batch_ceiling(model))
+        settings.setdefault("max_connections", model.api.inspect_connections)
         common: dict[str, Any] = {
             "model": model,
             "task_args": dict(self.task_args),
@@ -262,14 +255,6 @@ def _check_max_tokens(pipeline: Any, max_tokens: Any) -> None:
         )
 
 
-def _batch_ceiling(model: Any) -> int:
-    api = getattr(model, "api", None)
-    ceiling = getattr(api, "inspect_connections", None) or getattr(api, "effective_max_batch", None)
-    if ceiling is None:
-        ceiling = api.max_connections() if api is not None else 1
-    return max(1, int(ceiling))
-
-
 def normalize_location(location: str | None, log_dir: str | Path) -> str:
     """A `file:` URI becomes a path; an absolute path becomes relative to `log_dir`; other URIs stay verbatim."""
     if not location:
@@ -304,18 +289,3 @@ def flatten_logs(logs: Sequence[Any], log_dir: str | Path) -> dict[str, dict[str
             "log": normalize_location(getattr(log, "location", None), log_dir),
         }
     return results
-
-
-def smoke_suite(*, limit: int | None = 4, max_tokens: int = 24) -> InspectSuite:
-    """The `smoke` suite: the three built-in offline tasks (short answer, multiple choice, instruction following).
-
-    Greedy, `limit` samples per task; runs on the tiny model in seconds and means something on a real model.
-    """
-    from steer_hydra.tasks import SMOKE_TASKS
-
-    return InspectSuite(
-        name="smoke",
-        tasks=SMOKE_TASKS,
-        limit=limit,
-        generate_overrides={"temperature": 0.0, "max_tokens": max_tokens},
-    )

@@ -37,7 +37,7 @@ def test_every_control_option_instantiates(compose_cfg, option):
     (control,) = build_controls(cfg.arm.controls)
     assert isinstance(control, BaseControl)
     model, tokenizer = build_tiny_model()
-    pipeline = SteeringPipeline(model=model, tokenizer=tokenizer, controls=[control], device="cpu")
+    pipeline = SteeringPipeline(model=model, tokenizer=tokenizer, controls=[control])
     assert pipeline.check().ok, pipeline.check()
 
 

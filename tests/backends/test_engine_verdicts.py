@@ -104,7 +104,7 @@ def test_check_takes_a_backend_override_without_loading_anything():
 
 def test_refusal_happens_before_any_work_on_the_server():
     model, tokenizer = build_tiny_model()
-    reference = SteeringPipeline(model=model, tokenizer=tokenizer, device="cpu").steer()
+    reference = SteeringPipeline(model=model, tokenizer=tokenizer).steer()
     with LoopbackCompletionsServer(reference) as server:
         spec = BackendSpec("vllm-serve", {"base_url": server.base_url})
         pipeline = SteeringPipeline(tokenizer=tokenizer, controls=[AttentionSteering()], backend=spec)

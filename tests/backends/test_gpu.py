@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from steer_hydra.controls.state import CAA, PASTA
-from steer_hydra.core import SteeringPipeline
+from steer_hydra.core import ModelSource, SteeringPipeline
 from steer_hydra.models import TinySpec, build_tiny_model, save_tiny_model
 
 pytestmark = pytest.mark.gpu
@@ -30,7 +30,9 @@ PROMPTS = [
 def pipeline_on_cuda(controls=(), dtype=torch.bfloat16):
     model, tokenizer = build_tiny_model(SPEC)
     model = model.to(device="cuda", dtype=dtype)
-    return SteeringPipeline(model=model, tokenizer=tokenizer, controls=list(controls), device="cuda").steer()
+    return SteeringPipeline(
+        ModelSource(device="cuda"), model=model, tokenizer=tokenizer, controls=list(controls)
+    ).steer()
 
 
 def chats(prompts):
@@ -155,9 +157,7 @@ def test_release_returns_gpu_memory_to_its_starting_level(tmp_path):
     torch.cuda.empty_cache()
     start = torch.cuda.memory_allocated()
     pipeline = SteeringPipeline(
-        model_name_or_path=str(checkpoint),
-        device="cuda",
-        hf_model_kwargs={"dtype": torch.bfloat16},
+        ModelSource(str(checkpoint), device="cuda", hf_model_kwargs={"dtype": torch.bfloat16}),
         controls=[CAA(steering_vector=torch.randn(SPEC.hidden_size), layer_id=1, multiplier=2.0)],
     ).steer()
     pipeline.generate(messages=chats(PROMPTS), max_new_tokens=8, do_sample=False)

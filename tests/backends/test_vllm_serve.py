@@ -36,7 +36,7 @@ CHATS = [
 def served():
     """The tiny chat model on the Hugging Face backend, served on 127.0.0.1 for the whole module."""
     model, tokenizer = build_tiny_model()
-    reference = SteeringPipeline(model=model, tokenizer=tokenizer, device="cpu").steer()
+    reference = SteeringPipeline(model=model, tokenizer=tokenizer).steer()
     with LoopbackCompletionsServer(reference, model_name="tiny") as server:
         yield reference, server
     reference.release()

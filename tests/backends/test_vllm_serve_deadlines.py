@@ -18,7 +18,7 @@ CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 @pytest.fixture(scope="module")
 def served():
     model, tokenizer = build_tiny_model()
-    reference = SteeringPipeline(model=model, tokenizer=tokenizer, device="cpu").steer()
+    reference = SteeringPipeline(model=model, tokenizer=tokenizer).steer()
     with LoopbackCompletionsServer(reference, model_name="tiny") as server:
         yield server
     reference.release()

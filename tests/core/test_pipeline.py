@@ -11,6 +11,7 @@ import torch
 from steer_hydra.core import (
     DecodingDriver,
     DriverResult,
+    ModelSource,
     Output,
     OutputControl,
     SteeringPipeline,
@@ -177,7 +178,7 @@ class ForceEos(OutputControl):
 def test_eos_finish_reason_from_a_logits_processor(tiny):
     model, tok = tiny
     control = ForceEos(tok.eos_token_id, after=3)
-    pipeline = SteeringPipeline(model=model, tokenizer=tok, controls=[control], device="cpu").steer()
+    pipeline = SteeringPipeline(model=model, tokenizer=tok, controls=[control]).steer()
     out = pipeline.generate(messages=CHATS[:2], max_new_tokens=10, return_output=True)
     assert [o.finish_reasons for o in out] == [["eos"], ["eos"]]
     assert all(int(o.output_ids[0, 3]) == tok.eos_token_id for o in out)
@@ -233,7 +234,7 @@ class OtherDriver(_Driver):
 
 def test_check_reports_two_drivers_and_steer_refuses(tiny):
     model, tok = tiny
-    pipeline = SteeringPipeline(model=model, tokenizer=tok, controls=[_Driver(), OtherDriver()], device="cpu")
+    pipeline = SteeringPipeline(model=model, tokenizer=tok, controls=[_Driver(), OtherDriver()])
     report = pipeline.check()
     assert not report.ok and len(report.failures) == 1
     failure = report.failures[0]
@@ -247,10 +248,10 @@ def test_check_reports_two_drivers_and_steer_refuses(tiny):
 
 def test_driver_path_counts_rolled_out_tokens(tiny):
     model, tok = tiny
-    pipeline = SteeringPipeline(model=model, tokenizer=tok, controls=[_Driver()], device="cpu").steer()
+    pipeline = SteeringPipeline(model=model, tokenizer=tok, controls=[_Driver()]).steer()
     out = pipeline.generate(messages=CHATS[1], max_new_tokens=7, return_output=True)
     assert out.generated_tokens == 7 and out.finish_reasons == ["length"]
-    plain = SteeringPipeline(model=model, tokenizer=tok, device="cpu").steer()
+    plain = SteeringPipeline(model=model, tokenizer=tok).steer()
     assert torch.equal(
         plain.generate(messages=CHATS[1], max_new_tokens=7, return_output=True).output_ids, out.output_ids
     )
@@ -266,10 +267,10 @@ def test_supports_batching_and_controls(tiny):
 
 
 def test_construction_errors():
-    with pytest.raises(ValueError, match="model_name_or_path"):
+    with pytest.raises(ValueError, match="needs a model"):
         SteeringPipeline()
-    with pytest.raises(ValueError, match="device"):
-        SteeringPipeline(TINY_REF, device="cpu", device_map={"": 0})
+    with pytest.raises(ValueError, match="either device='cpu' or device_map"):
+        SteeringPipeline(ModelSource(TINY_REF, device="cpu", device_map={"": 0}))
     control = ForceEos(0, 1)
     with pytest.raises(ValueError, match="twice"):
         SteeringPipeline(TINY_REF, controls=[control, control])
@@ -280,7 +281,7 @@ def test_construction_errors():
 
 
 def test_loads_from_reference_and_releases(tmp_path):
-    pipeline = SteeringPipeline(TINY_REF, device="cpu")
+    pipeline = SteeringPipeline(ModelSource(TINY_REF, device="cpu"))
     assert pipeline.model is None  # construction does no I/O
     with pipeline:
         pipeline.steer()
@@ -310,7 +311,7 @@ class RecordingControl(OutputControl):
 def test_row_scoped_kwargs_follow_rows_under_n_and_item_seeds(tiny):
     model, tok = tiny
     control = RecordingControl()
-    pipeline = SteeringPipeline(model=model, tokenizer=tok, controls=[control], device="cpu").steer()
+    pipeline = SteeringPipeline(model=model, tokenizer=tok, controls=[control]).steer()
     pipeline.generate(
         TEXTS[:2], runtime_kwargs={"tag": ["a", "b"]}, max_new_tokens=2, n=2, temperature=1.0, return_output=True
     )
@@ -329,7 +330,7 @@ class FlatListControl(RecordingControl):
 def test_flat_list_row_value_at_batch_one_is_repeated_whole_for_n(tiny):
     model, tok = tiny
     control = FlatListControl()
-    pipeline = SteeringPipeline(model=model, tokenizer=tok, controls=[control], device="cpu").steer()
+    pipeline = SteeringPipeline(model=model, tokenizer=tok, controls=[control]).steer()
     pipeline.generate(
         "hi", runtime_kwargs={"tag": ["x", "y"]}, max_new_tokens=2, n=3, temperature=1.0, return_output=True
     )
@@ -349,7 +350,7 @@ class FailingSteer(OutputControl):
 
 
 def test_a_failed_steer_keeps_no_loaded_model():
-    pipeline = SteeringPipeline(TINY_REF, controls=[FailingSteer()], device="cpu")
+    pipeline = SteeringPipeline(ModelSource(TINY_REF, device="cpu"), controls=[FailingSteer()])
     with pytest.raises(RuntimeError, match="cannot prepare"):
         pipeline.steer()
     assert pipeline.model is None and pipeline.tokenizer is None and not pipeline.is_steered

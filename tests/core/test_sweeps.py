@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from steer_hydra.controls.input import SystemPrompt
-from steer_hydra.core import BaseArgs, InputControl, StructuralControl
+from steer_hydra.core import BaseArgs, InputControl, ModelSource, StructuralControl
 from steer_hydra.core.specs import ControlSpec, Factory
 from steer_hydra.core.sweeps import PipelineFactory, expand_configurations, preflight
 from steer_hydra.models import TINY_REF
@@ -163,16 +163,16 @@ def test_identical_configurations_under_two_names_are_reported(caplog):
 # ------------------------------------------------------------------------------------------ preflight
 def test_preflight_reports_each_point_without_loading_anything():
     points = expand_configurations({"baseline": [], "picky": [Picky()], "ok": [Knob()]}, TINY_REF)
-    reports = preflight(points, base_model_name_or_path=TINY_REF)
+    reports = preflight(points, source=TINY_REF)
     assert [r.ok for r in reports] == [True, False, True]
     assert "Picky" in reports[1].failures[0] and "eager" in reports[1].failures[0]
-    eager = preflight(points, base_model_name_or_path=TINY_REF, hf_model_kwargs={"attn_implementation": "eager"})
+    eager = preflight(points, source=ModelSource(TINY_REF, hf_model_kwargs={"attn_implementation": "eager"}))
     assert all(r.ok for r in eager)
 
 
 def test_preflight_records_a_point_that_cannot_be_built():
     spec = ControlSpec(Knob, vars={"alpha": ["not a float"]})
-    reports = preflight(expand_configurations({"bad": [spec]}), base_model_name_or_path=TINY_REF)
+    reports = preflight(expand_configurations({"bad": [spec]}), source=TINY_REF)
     assert not reports[0].ok
     assert "cannot build" in reports[0].failures[0] and "alpha" in reports[0].failures[0]
 
@@ -181,14 +181,14 @@ def test_preflight_collects_declared_runtime_kwargs():
     class Declares(InputControl):
         RUNTIME_KWARGS_SCHEMA = [{"name": "substrings", "type": "list", "scope": "row"}]
 
-    reports = preflight(expand_configurations({"d": [Declares()], "b": []}), base_model_name_or_path=TINY_REF)
+    reports = preflight(expand_configurations({"d": [Declares()], "b": []}), source=TINY_REF)
     assert reports[0].runtime_kwargs == frozenset({"substrings"})
     assert reports[1].runtime_kwargs == frozenset()
 
 
 # ------------------------------------------------------------------------------------------ factory
 def test_shared_base_is_loaded_once_and_reused():
-    factory = PipelineFactory(TINY_REF, device_map=None)
+    factory = PipelineFactory(ModelSource(TINY_REF, device_map=None))
     assert factory.backend_kind == "huggingface" and factory.shared_base_fingerprint is None
     with factory.steered([]) as first:
         model_a = first.model
@@ -206,7 +206,7 @@ def test_shared_base_is_loaded_once_and_reused():
 
 
 def test_structural_configurations_do_not_share_the_base():
-    factory = PipelineFactory(TINY_REF, device_map=None)
+    factory = PipelineFactory(ModelSource(TINY_REF, device_map=None))
     assert factory.uses_shared_base([SystemPrompt(text="x")])
     assert not factory.uses_shared_base([Rebuild()])
     assert factory.uses_shared_base([Rebuild(enabled=False)])
@@ -223,7 +223,7 @@ def test_a_structural_configuration_drops_the_shared_base_first_and_release_forg
         gc.collect()
         return sum(1 for o in gc.get_objects() if type(o).__name__.endswith("ForCausalLM"))
 
-    factory = PipelineFactory(TINY_REF, device_map=None)
+    factory = PipelineFactory(ModelSource(TINY_REF, device_map=None))
     before = live_models()
     with factory.steered([SystemPrompt(text="x")]):
         pass
@@ -238,7 +238,7 @@ def test_a_structural_configuration_drops_the_shared_base_first_and_release_forg
 
 @pytest.mark.parametrize("culprit", [Vandal, Hooker])
 def test_tripwire_drops_a_base_left_changed(culprit, caplog):
-    factory = PipelineFactory(TINY_REF, device_map=None)
+    factory = PipelineFactory(ModelSource(TINY_REF, device_map=None))
     with factory.steered([]) as pipeline:
         original = pipeline.model
     with caplog.at_level(logging.WARNING, logger="steer_hydra.core.sweeps"), factory.steered([culprit()]):
@@ -255,7 +255,7 @@ def test_tripwire_samples_weights_when_the_fingerprint_does_not_hash_them(monkey
     import steer_hydra.core.sweeps as sweeps
 
     monkeypatch.setattr(sweeps, "model_fingerprint", lambda model: "config-only")  # as for a large model
-    factory = PipelineFactory(TINY_REF, device_map=None)
+    factory = PipelineFactory(ModelSource(TINY_REF, device_map=None))
     with caplog.at_level(logging.WARNING, logger="steer_hydra.core.sweeps"), factory.steered([Vandal()]):
         pass
     assert "Vandal" in caplog.text and factory._base_model is None
@@ -263,7 +263,7 @@ def test_tripwire_samples_weights_when_the_fingerprint_does_not_hash_them(monkey
 
 
 def test_tripwire_keeps_a_base_restored_by_cleanup(caplog):
-    factory = PipelineFactory(TINY_REF, device_map=None)
+    factory = PipelineFactory(ModelSource(TINY_REF, device_map=None))
     with caplog.at_level(logging.WARNING, logger="steer_hydra.core.sweeps"):
         with factory.steered([Careful()]) as pipeline:
             model = pipeline.model
@@ -275,14 +275,9 @@ def test_tripwire_keeps_a_base_restored_by_cleanup(caplog):
 
 def test_steered_releases_and_cleans_up_once_when_the_body_fails():
     Knob.cleanups = 0
-    factory = PipelineFactory(TINY_REF, device_map=None)
+    factory = PipelineFactory(ModelSource(TINY_REF, device_map=None))
     with pytest.raises(RuntimeError, match="boom"), factory.steered([Knob()]) as pipeline:
         raise RuntimeError("boom")
     assert Knob.cleanups == 1
     assert not pipeline.is_steered
     factory.release()
-
-
-def test_invalid_fit_is_refused():
-    with pytest.raises(ValueError, match="fit"):
-        PipelineFactory(TINY_REF, fit="remote")

@@ -283,13 +283,14 @@ def test_failed_samples_are_listed_with_their_error(monkeypatch):
 
 
 def test_unscored_inspect_run_gives_its_samples_without_score_columns(tmp_path):
+    from steer_hydra.core import ModelSource
     from steer_hydra.core.sweeps import PipelineFactory
     from steer_hydra.evaluation.suite import InspectSuite
 
     suite = InspectSuite(
         name="s", tasks=("steer_hydra/short_answer",), limit=2, generate_overrides={"max_tokens": 4, "temperature": 0}
     )
-    factory = PipelineFactory(TINY_REF, device_map=None)
+    factory = PipelineFactory(ModelSource(TINY_REF, device_map=None))
     with factory.steered([]) as pipeline:
         out = suite.run(pipeline, log_dir=tmp_path / "cell", score=False)
     factory.release()

@@ -24,13 +24,15 @@ from inspect_ai.tool import ToolCall, ToolInfo
 
 from steer_hydra.core.output import Output
 from steer_hydra.evaluation import provider as provider_module
-from steer_hydra.evaluation.provider import (
+from steer_hydra.evaluation.options import (
     MAPPED_FIELDS,
     POLICY_FIELDS,
     REFUSED_FIELDS,
-    RUNTIME_KWARGS_EXTRA_BODY_KEY,
     UPSTREAM_FIELDS,
     ProviderOptions,
+)
+from steer_hydra.evaluation.provider import (
+    RUNTIME_KWARGS_EXTRA_BODY_KEY,
     SteeringPipelineModelAPI,
     as_inspect_model,
     inspect_max_connections,

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from steer_hydra.controls.input import SystemPrompt
+from steer_hydra.core import ModelSource
 from steer_hydra.core.pipeline import SteeringPipeline
 from steer_hydra.evaluation import plotting
 from steer_hydra.evaluation.frames import paired_deltas, results_from_logs, summarize_runs
@@ -52,13 +53,15 @@ JOB = textwrap.dedent(
 
     SteeringPipeline.generate = counting
 
+    from steer_hydra.core import ModelSource
     from steer_hydra.evaluation.provider import ProviderOptions
     from steer_hydra.evaluation.runner import SteeringEval
     from steer_hydra.evaluation.suite import InspectSuite
 
     suite = InspectSuite(name="qa", tasks=("steer_hydra/short_answer",), limit=limit,
                          generate_overrides={"temperature": 0, "max_tokens": 8})
-    SteeringEval({"baseline": []}, "steer_hydra:tiny", [suite], save_dir=save_dir, device_map=None, progress=False,
+    source = ModelSource("steer_hydra:tiny", device_map=None)
+    SteeringEval({"baseline": []}, source, [suite], save_dir=save_dir, progress=False,
                  provider_options=ProviderOptions(max_batch_size=1), generate_defaults={"log_buffer": 1}).run()
     """
 )
@@ -74,10 +77,9 @@ def _qa_eval(save_dir: Path) -> SteeringEval:
     )
     return SteeringEval(
         {"baseline": []},
-        TINY_REF,
+        ModelSource(TINY_REF, device_map=None),
         [suite],
         save_dir=save_dir,
-        device_map=None,
         progress=False,
         provider_options=ProviderOptions(max_batch_size=1),
         generate_defaults={"log_buffer": 1},
@@ -184,12 +186,11 @@ def smoke_study(tmp_path_factory):
         before = len(prompts)
         ev = SteeringEval(
             {"baseline": [], "brief": [SystemPrompt(text="Answer briefly.")]},
-            TINY_REF,
+            ModelSource(TINY_REF, device_map=None),
             [smoke_suite()],
             num_trials=num_trials,
             seed=0,
             save_dir=save,
-            device_map=None,
             progress=False,
         )
         ev.run()

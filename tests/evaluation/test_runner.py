@@ -15,7 +15,7 @@ import pytest
 
 import steer_hydra.evaluation.runner as runner_module
 from steer_hydra.controls.input import FewShot, SystemPrompt
-from steer_hydra.core import InputControl
+from steer_hydra.core import InputControl, ModelSource
 from steer_hydra.core.identity import derive_trial_seed
 from steer_hydra.core.specs import ControlSpec
 from steer_hydra.evaluation.provider import ProviderOptions
@@ -139,7 +139,7 @@ def test_constructor_errors(kwargs, error, match, tmp_path):
 
 def test_arguments_become_attributes(tmp_path):
     ev = _eval(tmp_path, num_trials=2, seed=3, display="plain")
-    assert (ev.num_trials, ev.seed, ev.display, ev.on_unsupported, ev.fit) == (2, 3, "plain", "raise", "auto")
+    assert (ev.num_trials, ev.seed, ev.display, ev.on_unsupported) == (2, 3, "plain", "raise")
     assert ev._results is None and ev._log_root is None
 
 
@@ -360,7 +360,11 @@ def test_a_failing_suite_releases_everything_and_leaves_no_results(tmp_path, mon
     monkeypatch.setattr(runner_module.PipelineFactory, "release", spy)
     Counting.cleanups = 0
     ev = SteeringEval(
-        {"arm": [Counting()]}, TINY_REF, [FakeSuite(fail=True)], progress=False, save_dir=tmp_path, device_map=None
+        {"arm": [Counting()]},
+        ModelSource(TINY_REF, device_map=None),
+        [FakeSuite(fail=True)],
+        progress=False,
+        save_dir=tmp_path,
     )
     with pytest.raises(RuntimeError, match="eval_set failed"):
         ev.run()
@@ -379,11 +383,10 @@ def _small_eval(save_dir, **kwargs):
     kwargs.setdefault("generate_defaults", {"temperature": 0})
     return SteeringEval(
         {"baseline": [], "sys": [SystemPrompt(text="Be brief.")]},
-        TINY_REF,
+        ModelSource(TINY_REF, device_map=None),
         [suite],
         save_dir=save_dir,
         progress=False,
-        device_map=None,
         seed=3,
         **kwargs,
     )

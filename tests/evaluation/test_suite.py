@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 import steer_hydra.evaluation.provider as provider_module
-from steer_hydra.evaluation.suite import InspectSuite, flatten_logs, normalize_location, smoke_suite
+from steer_hydra.evaluation.suite import InspectSuite, flatten_logs, normalize_location
 
 
 def _log(task, location, *, status="success", metrics=None, n=3, total=None, scorer="includes", error=None):
@@ -31,7 +31,7 @@ def fake_inspect(monkeypatch):
     state = SimpleNamespace(models=[], calls=[], status={}, closed=0)
 
     class Api:
-        effective_max_batch = 4
+        inspect_connections = 4
 
         def close(self):
             state.closed += 1
@@ -206,10 +206,3 @@ def test_a_task_object_runs_end_to_end_on_the_tiny_model(make_pipeline, tmp_path
     assert set(result["metrics"]) == {"includes/accuracy", "includes/stderr"}
     assert result["n"] == 3
     assert (tmp_path / result["log"]).exists()
-
-
-def test_smoke_suite_lists_the_builtin_tasks():
-    suite = smoke_suite(limit=2)
-    assert suite.name == "smoke" and suite.limit == 2
-    assert suite.tasks == ("steer_hydra/short_answer", "steer_hydra/mcqa", "steer_hydra/instruction_following")
-    assert suite.generate_overrides["temperature"] == 0.0

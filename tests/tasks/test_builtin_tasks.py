@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import tempfile
 import warnings
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -162,3 +166,35 @@ def test_pasta_finds_every_instruction_line(make_pipeline, tmp_path):
     assert steered.status == baseline.status == "success", steered.error
     pairs = zip(steered.samples, baseline.samples, strict=True)
     assert any(a.output.completion != b.output.completion for a, b in pairs)  # the highlighted lines matter
+
+
+def test_smoke_suite_is_the_smoke_option_of_the_suite_group():
+    from omegaconf import OmegaConf
+
+    from steer_hydra.tasks import smoke_suite
+
+    suite = smoke_suite(limit=2)
+    assert suite.name == "smoke" and suite.limit == 2 and suite.tasks == SMOKE_TASKS
+    assert suite.generate_overrides == {"temperature": 0.0, "max_tokens": 24}
+    conf = OmegaConf.load(Path(__file__).parents[2] / "steer_hydra" / "conf" / "suite" / "smoke.yaml")
+    assert tuple(conf.tasks) == SMOKE_TASKS and conf.limit == smoke_suite().limit
+
+
+def test_inspect_finds_the_builtin_tasks_through_the_entry_point():
+    """A fresh interpreter that never imports steer_hydra.tasks still resolves `steer_hydra/<task>` by name:
+    Inspect loads the package's `inspect_ai` entry point (app/inspect_entry.py), which registers them."""
+    script = (
+        "import sys\n"
+        "from inspect_ai import eval\n"
+        "from steer_hydra.core import SteeringPipeline\n"
+        "from steer_hydra.evaluation import as_inspect_model\n"
+        "model = as_inspect_model(SteeringPipeline('steer_hydra:tiny').steer())\n"
+        "log = eval('steer_hydra/short_answer', model=model, limit=1, max_tokens=2, display='none',\n"
+        "           log_dir=sys.argv[1])[0]\n"
+        "loaded = [name in sys.modules for name in ('steer_hydra.tasks', 'steer_hydra.app.inspect_entry')]\n"
+        "print(log.status, log.eval.task, *loaded)\n"
+    )
+    with tempfile.TemporaryDirectory() as logs:
+        proc = subprocess.run([sys.executable, "-c", script, logs], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split()[-4:] == ["success", "steer_hydra/short_answer", "True", "True"]

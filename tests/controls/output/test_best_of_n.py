@@ -27,7 +27,7 @@ def test_returns_the_candidate_the_scorer_ranks_highest(
     scorer = recording_scorer(count_e)
     # pad is banned so "tokens rolled out" is unambiguous (a sampled pad would read as padding)
     controls = [BestOfN(n=6, scorer=scorer), step_controls["ban"](tok.pad_token_id)]
-    pipeline = SteeringPipeline(model=model, tokenizer=tok, controls=controls, device="cpu").steer()
+    pipeline = SteeringPipeline(model=model, tokenizer=tok, controls=controls).steer()
     calls = record_generate(pipeline.model)
     output = pipeline.generate(messages=CHAT, max_new_tokens=16, temperature=1.0, seed=seed, return_output=True)
 

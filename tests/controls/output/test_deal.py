@@ -60,7 +60,7 @@ def test_beams_finished_by_eos_end_the_search(make_pipeline, recording_scorer, r
 
 def test_deal_is_hugging_face_only_and_check_says_so():
     deal = DeAL(reward_func=lambda p, c, params: [0.0] * len(c))
-    pipeline = SteeringPipeline(model_name_or_path=TINY_REF, controls=[deal], backend="vllm")
+    pipeline = SteeringPipeline(TINY_REF, controls=[deal], backend="vllm")
     report = pipeline.check()
     assert not report.ok
     (failure,) = report.failures
@@ -69,7 +69,7 @@ def test_deal_is_hugging_face_only_and_check_says_so():
     assert pipeline.check("huggingface").ok
     # sampled reranking has no such restriction
     best = BestOfN(n=2, scorer=lambda p, c, params: [0.0] * len(c))
-    assert SteeringPipeline(model_name_or_path=TINY_REF, controls=[best], backend="vllm").check().ok
+    assert SteeringPipeline(TINY_REF, controls=[best], backend="vllm").check().ok
 
 
 @pytest.mark.filterwarnings("ignore:Runtime kwarg 'reward_params' is read by several controls")
@@ -77,7 +77,7 @@ def test_two_drivers_are_reported_by_check_and_refused_by_steer(tiny):
     model, tok = tiny
     score = lambda p, c, params: [0.0] * len(c)  # noqa: E731
     pipeline = SteeringPipeline(
-        model=model, tokenizer=tok, controls=[BestOfN(n=2, scorer=score), DeAL(reward_func=score)], device="cpu"
+        model=model, tokenizer=tok, controls=[BestOfN(n=2, scorer=score), DeAL(reward_func=score)]
     )
     (failure,) = pipeline.check().failures
     assert failure.control == "DeAL"
@@ -85,4 +85,4 @@ def test_two_drivers_are_reported_by_check_and_refused_by_steer(tiny):
     with pytest.raises(UnsupportedPipelineError, match="only one DecodingDriver may be enabled"):
         pipeline.steer()
     disabled = [BestOfN(n=2, scorer=score), DeAL(reward_func=score, enabled=False)]
-    assert SteeringPipeline(model=model, tokenizer=tok, controls=disabled, device="cpu").check().ok
+    assert SteeringPipeline(model=model, tokenizer=tok, controls=disabled).check().ok

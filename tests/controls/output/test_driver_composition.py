@@ -28,9 +28,7 @@ def test_state_hooks_and_system_prompt_are_active_during_every_rollout(
     scorer = recording_scorer(lambda text: float(len(set(text))))
     hook = step_controls["counting_hook"]()
     driver = drivers(scorer)[kind]
-    pipeline = SteeringPipeline(
-        model=model, tokenizer=tok, controls=[SystemPrompt(text=SYSTEM), hook, driver], device="cpu"
-    ).steer()
+    pipeline = SteeringPipeline(model=model, tokenizer=tok, controls=[SystemPrompt(text=SYSTEM), hook, driver]).steer()
     seen_per_call = []
     counts = {}
 
@@ -75,11 +73,9 @@ def test_a_steering_hook_changes_what_the_driver_returns(tiny, recording_scorer)
 
     model, tok = tiny
     plain_scorer, steered_scorer = recording_scorer(len), recording_scorer(len)
-    plain = SteeringPipeline(model=model, tokenizer=tok, controls=[BestOfN(n=3, scorer=plain_scorer)], device="cpu")
+    plain = SteeringPipeline(model=model, tokenizer=tok, controls=[BestOfN(n=3, scorer=plain_scorer)])
     plain.steer().generate(messages=CHAT, max_new_tokens=5, seed=1, temperature=1.0)
-    steered = SteeringPipeline(
-        model=model, tokenizer=tok, controls=[Overwrite(), BestOfN(n=3, scorer=steered_scorer)], device="cpu"
-    )
+    steered = SteeringPipeline(model=model, tokenizer=tok, controls=[Overwrite(), BestOfN(n=3, scorer=steered_scorer)])
     steered.steer().generate(messages=CHAT, max_new_tokens=5, seed=1, temperature=1.0)
     # with layer 0's output replaced by a constant every step sees the same hidden states, so the candidates
     # drawn with the same seed differ from the unsteered ones

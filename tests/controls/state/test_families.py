@@ -24,7 +24,7 @@ def _model(model_type: str, attn: str, vocab: int, **overrides):
 def _generate(model_type, attn, controls, runtime_kwargs):
     tokenizer = build_tiny_tokenizer()
     model = _model(model_type, attn, len(tokenizer))
-    pipeline = SteeringPipeline(model=model, tokenizer=tokenizer, controls=controls, device="cpu").steer()
+    pipeline = SteeringPipeline(model=model, tokenizer=tokenizer, controls=controls).steer()
     try:
         out = pipeline.generate(text=PROMPTS, max_new_tokens=6, runtime_kwargs=runtime_kwargs, return_output=True)
         return [o.output_ids[0].tolist() for o in out]
@@ -80,7 +80,7 @@ def test_pasta_on_sliding_window_layers_past_the_window_matches_uncached_decodin
         ("unsteered", [], True),
     ):
         model = _model("gemma3_text", "sdpa", len(tokenizer), sliding_window=4)
-        pipeline = SteeringPipeline(model=model, tokenizer=tokenizer, controls=controls, device="cpu").steer()
+        pipeline = SteeringPipeline(model=model, tokenizer=tokenizer, controls=controls).steer()
         out = pipeline.generate(
             text=PROMPTS,
             max_new_tokens=8,

@@ -10,7 +10,7 @@ import torch
 
 from steer_hydra.controls.state import PASTA
 from steer_hydra.controls.state.pasta import IMPLEMENTATION_PREFIX, active_calls
-from steer_hydra.core import SteeringPipeline, UnsupportedPipelineError
+from steer_hydra.core import ModelSource, SteeringPipeline, UnsupportedPipelineError
 from steer_hydra.models import TinySpec, build_tiny_model
 
 PROMPTS = ["the capital of france is paris and the river is long", "what is the capital city"]
@@ -200,11 +200,10 @@ def test_missing_substring_warns_once_and_is_skipped(make_pipeline):
 def test_check_refuses_flash_attention_and_names_the_fix():
     model, tokenizer = build_tiny_model()
     pipeline = SteeringPipeline(
+        ModelSource(hf_model_kwargs={"attn_implementation": "flash_attention_2"}),
         model=model,
         tokenizer=tokenizer,
         controls=[PASTA(head_config=[0], alpha=0.5)],
-        hf_model_kwargs={"attn_implementation": "flash_attention_2"},
-        device="cpu",
     )
     report = pipeline.check()
     assert not report.ok
@@ -213,7 +212,10 @@ def test_check_refuses_flash_attention_and_names_the_fix():
     with pytest.raises(UnsupportedPipelineError, match="flash"):
         pipeline.steer()
     ok = SteeringPipeline(
-        model=model, tokenizer=tokenizer, controls=[PASTA()], hf_model_kwargs={"attn_implementation": "eager"}
+        ModelSource(hf_model_kwargs={"attn_implementation": "eager"}),
+        model=model,
+        tokenizer=tokenizer,
+        controls=[PASTA()],
     )
     assert ok.check().ok
 
