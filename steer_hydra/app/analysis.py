@@ -16,7 +16,8 @@ from typing import Any
 import pandas as pd
 
 from steer_hydra.app.tracking import wandb_key
-from steer_hydra.evaluation.frames import cells_from_logs, paired_deltas, samples_frame
+from steer_hydra.evaluation.deltas import paired_deltas
+from steer_hydra.evaluation.logs import cells_from_logs, samples_frame
 
 logger = logging.getLogger(__name__)
 
@@ -151,31 +152,52 @@ def pooled_samples(
 def plot_job(
     results: pd.DataFrame, deltas: pd.DataFrame, out_dir: Path, *, model: str | None = None
 ) -> dict[str, Path]:
-    """The plots as PNGs: headline metric per task for each arm in `results` (column `arm`), deltas with CIs."""
+    """The plots as PNGs: headline metric per task for each arm in `results` (column `arm`) with the scorer's
+    stderr (the spread over runs when no stderr was reported), and the paired deltas with their CIs; titles name
+    the suite(s), the model and `n`."""
     from steer_hydra.evaluation.plotting import plot_comparison_bars, plot_paired_deltas
 
     paths: dict[str, Path] = {}
     results = app_columns(results)
+    suites = ", ".join(sorted(map(str, results["suite"].unique()))) if "suite" in results.columns else ""
+    context = " · ".join(
+        part for part in (f"suite {suites}" if suites else "", f"model {model}" if model else "") if part
+    )
     main = results[~results["metric"].isin(["stderr", "std"])]
     if not main.empty:
+        label = main["task"].str.split("/").str[-1] + "/" + main["scorer"] + "/" + main["metric"]
         table = (
-            main.assign(label=main["task"].str.split("/").str[-1] + "/" + main["scorer"] + "/" + main["metric"])
+            main.assign(label=label)
             .groupby(["label", "arm"], sort=True)["value"]
             .agg(["mean", "std"])
             .reset_index()
             .pivot(index="label", columns="arm")
         )
+        stderr = results[results["metric"] == "stderr"]
+        stderr = (
+            stderr.assign(label=stderr["task"].str.split("/").str[-1] + "/" + stderr["scorer"])
+            .groupby(["label", "arm"])["value"]
+            .mean()
+        )
         frame = pd.DataFrame({"label": table.index})
         arms = sorted({c for _, c in table.columns})
         for arm in arms:
             frame[f"{arm}_mean"] = table[("mean", arm)].to_numpy()
-            frame[f"{arm}_std"] = table[("std", arm)].fillna(0.0).to_numpy()
+            errors = [stderr.get(("/".join(str(i).split("/")[:2]), arm)) for i in table.index]
+            spread = table[("std", arm)].fillna(0.0).to_numpy()
+            frame[f"{arm}_std"] = [s if e is None or pd.isna(e) else e for e, s in zip(errors, spread, strict=True)]
+        n = int(pd.to_numeric(main["n"], errors="coerce").max()) if "n" in main.columns and len(main) else None
+        title = " · ".join(part for part in (context, f"n={n} per task" if n else "") if part)
         paths["metrics"] = out_dir / "metrics.png"
-        plot_comparison_bars(frame, arms, group_col="label", ylabel="score", save_path=paths["metrics"])
+        plot_comparison_bars(
+            frame, arms, group_col="label", ylabel="score", title=title, error_label="stderr",
+            save_path=paths["metrics"],
+        )  # fmt: skip
     if not deltas.empty:
         paths["paired_deltas"] = out_dir / "paired_deltas.png"
         label = "arm" if "arm" in deltas.columns else "pipeline"
-        plot_paired_deltas(deltas, label_col=label, title="paired delta vs baseline", save_path=paths["paired_deltas"])
+        title = "paired delta vs baseline" + (f" · {context}" if context else "")
+        plot_paired_deltas(deltas, label_col=label, title=title, save_path=paths["paired_deltas"])
     _close_figures()
     return paths
 

@@ -57,6 +57,17 @@ def _std_values(frame: pd.DataFrame, metric: str) -> np.ndarray | None:
     return frame[col].to_numpy(dtype=float) if col in frame.columns else None
 
 
+def _min_span(ax: Any, values: np.ndarray, *, span: float) -> None:
+    """Widen the x axis to at least `span` around the finite `values` (all-equal values get a readable axis)."""
+    finite = values[np.isfinite(values)]
+    if not finite.size:
+        return
+    low, high = float(finite.min()), float(finite.max())
+    if high - low < span:
+        middle = (low + high) / 2
+        ax.set_xlim(middle - span / 2 - 0.05 * span, middle + span / 2 + 0.05 * span)
+
+
 def _check_compare(compare_to_pipelines: Sequence[tuple[str, pd.DataFrame]] | None) -> list[tuple[str, pd.DataFrame]]:
     checked = []
     for entry in compare_to_pipelines or []:
@@ -196,6 +207,8 @@ def plot_paired_deltas(
     frame = deltas.reset_index(drop=True)
     groups = [c for c in group_cols if c in frame.columns]
     labels = [" | ".join([str(row[label_col]), *(str(row[c]) for c in groups)]) for _, row in frame.iterrows()]
+    if "n" in frame.columns:
+        labels = [f"{label} (n={n})" for label, n in zip(labels, frame["n"], strict=True)]
     ax = _axes(ax, figsize=(7.0, max(2.0, 0.45 * len(frame) + 1.0)))
     y = np.arange(len(frame))
     delta = frame["delta"].to_numpy(dtype=float)
@@ -206,6 +219,12 @@ def plot_paired_deltas(
     ax.errorbar(delta, y, xerr=err, fmt="none", ecolor="0.4", capsize=3, zorder=1)
     ax.scatter(delta, y, c=colors, zorder=2)
     ax.axvline(0.0, color=_BASELINE_COLOR, linestyle="--", linewidth=1)
+    for x_value, y_value in zip(delta, y, strict=True):
+        if not math.isnan(x_value):
+            ax.annotate(f"{x_value:+.3f}", (x_value, y_value), textcoords="offset points", xytext=(0, 6),
+                        ha="center", fontsize=8)  # fmt: skip
+    _min_span(ax, np.concatenate([delta, low, high]), span=0.2)  # an all-zero run still shows a readable axis
+    ax.set_ylim(-0.6, len(frame) - 0.4)
     ax.set_yticks(y)
     ax.set_yticklabels(labels)
     confidence = frame["confidence"].iloc[0] if "confidence" in frame.columns and len(frame) else None
@@ -421,10 +440,15 @@ def plot_comparison_bars(
     ylabel: str = "Value",
     bar_width: float = 0.35,
     *,
+    title: str | None = None,
+    error_label: str = "std",
+    annotate: bool = True,
     ax: Any = None,
     save_path: str | Path | None = None,
 ) -> Any:
-    """Grouped bars: one group per `group_col` value, one bar per metric (std error bars when present)."""
+    """Grouped bars: one group per `group_col` value, one bar per metric (`{metric}_std` error bars when present,
+    named `error_label` in the legend), each bar's value printed. When every value lies in [0, 1] (accuracies,
+    shares) the axis is exactly [0, 1], so an all-zero run shows its zeros instead of an empty frame."""
     metric_cols = list(metric_cols)
     if not metric_cols:
         raise ValueError("plot_comparison_bars needs at least one metric column.")
@@ -432,12 +456,23 @@ def plot_comparison_bars(
     groups = _column(df, group_col, "plot_comparison_bars").astype(str).tolist()
     positions = np.arange(len(groups))
     offsets = (np.arange(len(metric_cols)) - (len(metric_cols) - 1) / 2) * bar_width
+    shown = []
     for i, metric in enumerate(metric_cols):
         values = _column(df, _mean_col(df, metric), "plot_comparison_bars").to_numpy(dtype=float)
-        ax.bar(positions + offsets[i], values, bar_width, yerr=_std_values(df, metric), capsize=3, label=metric)
+        errors = _std_values(df, metric)
+        bars = ax.bar(positions + offsets[i], values, bar_width, yerr=errors, capsize=3, label=metric)
+        if annotate:
+            ax.bar_label(bars, labels=[f"{v:.2f}" for v in values], padding=2, fontsize=7)
+        shown.append(values)
+    finite = np.concatenate(shown)[np.isfinite(np.concatenate(shown))] if shown else np.array([])
+    if finite.size and finite.min() >= 0.0 and finite.max() <= 1.0:
+        ax.set_ylim(0.0, 1.0)
     ax.set_xticks(positions)
     ax.set_xticklabels(groups, rotation=30, ha="right")
-    ax.set_ylabel(ylabel)
+    ax.set_ylabel(ylabel + (f" (bars: ± {error_label})" if any(_std_values(df, m) is not None for m in metric_cols)
+                            else ""))  # fmt: skip
+    if title:
+        ax.set_title(title)
     ax.legend()
     _save(ax.figure, save_path)
     return ax

@@ -179,3 +179,22 @@ def test_a_job_on_a_non_tty_prints_the_table_and_few_other_lines(run_app):
     text = "\n".join(lines)
     assert "wandb:" not in text and "Loading weights" not in text and "samples:" not in text  # no banners, no bars
     assert text.count("PASTA got no substrings") == 1 and "backend.py" not in text  # once, without a source line
+
+
+def test_job_plots_name_suite_model_and_n(tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    from steer_hydra.app import analysis
+
+    monkeypatch.setattr(analysis, "_close_figures", lambda: None)  # keep the figure open to read it back
+    results = pd.DataFrame(_results("baseline", "baseline", 0.25, 0.1) + _results("pasta", "p1", 0.75, 0.2))
+    paths = analysis.plot_job(results, pd.DataFrame(), tmp_path, model="tiny")
+    ax = plt.gcf().axes[0]
+    title, ylim, values = ax.get_title(), ax.get_ylim(), sorted(t.get_text() for t in ax.texts)
+    plt.close("all")
+    assert paths["metrics"].stat().st_size > 1000
+    assert title == "suite smoke · model tiny · n=4 per task"
+    assert ylim == (0.0, 1.0) and values == ["0.25", "0.75"] and "stderr" in ax.get_ylabel()

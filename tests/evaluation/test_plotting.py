@@ -171,3 +171,24 @@ def test_paired_deltas_plot_marks_significant_rows():
     colors = ax.collections[-1].get_facecolors()
     assert colors.shape[0] == 2 and not (colors[0] == colors[1]).all()  # above and below zero differ
     assert "95% CI" in ax.get_xlabel()
+
+
+def test_an_all_zero_run_reads_values_on_a_unit_axis_and_deltas_on_a_visible_span():
+    zeros = pd.DataFrame({"task": ["mcqa", "short_answer"], "base_mean": [0.0, 0.0], "base_std": [0.0, 0.0]})
+    ax = plotting.plot_comparison_bars(zeros, ["base"], group_col="task", title="suite smoke · n=4")
+    assert ax.get_ylim() == (0.0, 1.0)
+    assert [t.get_text() for t in ax.texts] == ["0.00", "0.00"] and ax.get_title() == "suite smoke · n=4"
+    plt.close("all")
+    flat = DELTAS.assign(delta=0.0, ci_low=0.0, ci_high=0.0, n=4)
+    ax = plotting.plot_paired_deltas(flat)
+    low, high = ax.get_xlim()
+    assert high - low >= 0.2 and low < 0 < high
+    assert all("(n=4)" in t.get_text() for t in ax.get_yticklabels())
+    plt.close("all")
+
+
+def test_values_outside_unit_range_keep_their_own_axis():
+    counts = pd.DataFrame({"task": ["a"], "base_mean": [3.0]})
+    ax = plotting.plot_comparison_bars(counts, ["base"], group_col="task")
+    assert ax.get_ylim()[1] > 3.0
+    plt.close("all")
