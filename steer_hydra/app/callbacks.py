@@ -48,7 +48,7 @@ from steer_hydra.app.report import (
 )
 from steer_hydra.app.secrets import redact, redact_overrides
 from steer_hydra.app.tracking import Tracker, wandb_key
-from steer_hydra.evaluation.frames import results_from_logs
+from steer_hydra.evaluation.logs import results_from_logs
 
 logger = logging.getLogger(__name__)
 

@@ -47,7 +47,8 @@ from steer_hydra.app.report import (
 )
 from steer_hydra.app.secrets import redact, redact_overrides
 from steer_hydra.app.tracking import Tracker, wandb_key
-from steer_hydra.evaluation.frames import cells_frame, failed_samples, results_from_logs
+from steer_hydra.evaluation.frames import cells_frame
+from steer_hydra.evaluation.logs import failed_samples, results_from_logs
 
 logger = logging.getLogger(__name__)
 

@@ -151,7 +151,7 @@ def study_frame(save_dir: str | Path, *, split_of: Mapping[str, str], swept: Seq
     """
     from steer_hydra.app.analysis import task_samples
     from steer_hydra.app.plan import arm_names
-    from steer_hydra.evaluation.frames import results_from_logs
+    from steer_hydra.evaluation.logs import results_from_logs
 
     save_dir = Path(save_dir)
     results = results_from_logs(save_dir, arm_names(save_dir))

@@ -22,10 +22,10 @@ _EXPORTS: dict[str, str] = {
     "SteeringEval": "steer_hydra.evaluation.runner",
     "results_frame": "steer_hydra.evaluation.frames",
     "runs_frame": "steer_hydra.evaluation.frames",
-    "samples_frame": "steer_hydra.evaluation.frames",
+    "samples_frame": "steer_hydra.evaluation.logs",
     "summarize_runs": "steer_hydra.evaluation.frames",
-    "paired_deltas": "steer_hydra.evaluation.frames",
-    "results_from_logs": "steer_hydra.evaluation.frames",
+    "paired_deltas": "steer_hydra.evaluation.deltas",
+    "results_from_logs": "steer_hydra.evaluation.logs",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -38,15 +38,9 @@ from steer_hydra.core.identity import canonical_json, derive_trial_seed, model_f
 from steer_hydra.core.rendering import has_chat_template
 from steer_hydra.core.source import ModelSource
 from steer_hydra.core.sweeps import PipelineFactory, expand_configurations, preflight
-from steer_hydra.evaluation.frames import (
-    attach_params,
-    cells_frame,
-    paired_deltas,
-    results_frame,
-    runs_frame,
-    samples_frame,
-    summarize_runs,
-)
+from steer_hydra.evaluation.deltas import paired_deltas
+from steer_hydra.evaluation.frames import attach_params, cells_frame, results_frame, runs_frame, summarize_runs
+from steer_hydra.evaluation.logs import samples_frame
 from steer_hydra.evaluation.suite import InspectSuite
 
 logger = logging.getLogger(__name__)
@@ -406,7 +400,7 @@ class SteeringEval:
         task: str | None = None,
         include_text: bool = False,
     ) -> pd.DataFrame:
-        """`frames.samples_frame` of this run's cells (logs read from `save_dir`, metrics or not), plus parameter
+        """`logs.samples_frame` of this run's cells (logs read from `save_dir`, metrics or not), plus parameter
         columns; `scores=None` takes every scorer in the logs."""
         frame = samples_frame(
             cells_frame(self._require_results()),
@@ -428,7 +422,7 @@ class SteeringEval:
         baseline: str = "baseline",
         **kwargs: Any,
     ) -> pd.DataFrame:
-        """`frames.paired_deltas` of one (suite, task) of this run against `baseline`."""
+        """`deltas.paired_deltas` of one (suite, task) of this run against `baseline`."""
         samples = self.samples_frame(scores, suite=suite, task=task)
         return paired_deltas(samples, scores, baseline=baseline, **kwargs)
 

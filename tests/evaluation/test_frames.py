@@ -1,4 +1,5 @@
-"""Results frames: results(), runs_frame, summarize_runs, samples_frame, params columns, paired_deltas."""
+"""Results frames (results(), runs_frame, summarize_runs, params columns), log reading (samples_frame,
+failed_samples) and paired deltas."""
 
 from __future__ import annotations
 
@@ -10,17 +11,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import steer_hydra.evaluation.frames as frames
-from steer_hydra.evaluation.frames import (
-    RESULT_COLUMNS,
-    cells_frame,
-    failed_samples,
-    paired_deltas,
-    results_frame,
-    runs_frame,
-    samples_frame,
-    summarize_runs,
-)
+import steer_hydra.evaluation.logs as logs_module
+from steer_hydra.evaluation.deltas import paired_deltas
+from steer_hydra.evaluation.frames import RESULT_COLUMNS, cells_frame, results_frame, runs_frame, summarize_runs
+from steer_hydra.evaluation.logs import failed_samples, samples_frame
 from steer_hydra.evaluation.runner import SteeringEval
 from steer_hydra.models import TINY_REF
 
@@ -150,7 +144,7 @@ def test_runs_frame_params_columns(finished_eval):
 
 
 def test_samples_frame_attaches_params(finished_eval, monkeypatch):
-    monkeypatch.setattr(frames, "_read_eval_log", lambda path: _fake_log([_sample(1, {"s": "C"})]))
+    monkeypatch.setattr(logs_module, "_read_eval_log", lambda path: _fake_log([_sample(1, {"s": "C"})]))
     frame = finished_eval.samples_frame(["s"], params={"alpha": ("pasta", "alpha")})
     assert frame["alpha"].tolist()[1:] == [0.1, 2.0]
     assert frame["s"].tolist() == [1.0, 1.0, 1.0]
@@ -202,7 +196,7 @@ def _fake_log(samples):
 
 def test_samples_frame_input_checks_and_path_resolution(monkeypatch):
     read = []
-    monkeypatch.setattr(frames, "_read_eval_log", lambda path: read.append(path) or _fake_log([]))
+    monkeypatch.setattr(logs_module, "_read_eval_log", lambda path: read.append(path) or _fake_log([]))
     frame = results_frame(RESULTS)
     with pytest.raises(ValueError, match="at least one"):
         samples_frame(frame, "/logs", scores=[])
@@ -225,7 +219,7 @@ def test_samples_frame_rows_columns_and_values(monkeypatch):
         ),
         "abc": _fake_log([_sample(1, {"inc": 1, "dict": {"a": None, "b": "P"}})]),
     }
-    monkeypatch.setattr(frames, "_read_eval_log", lambda path: logs[path.split("/")[3]])
+    monkeypatch.setattr(logs_module, "_read_eval_log", lambda path: logs[path.split("/")[3]])
     frame = results_frame({"baseline": RESULTS["baseline"][:1], "pasta": RESULTS["pasta"][:1]})
     out = samples_frame(
         frame, "/r", scores=["inc", "dict/a", "dict/b"], metadata_keys=["kind", "missing"], include_text=True
@@ -256,7 +250,7 @@ def test_samples_frame_rows_columns_and_values(monkeypatch):
 
 
 def test_samples_come_from_the_cells_so_a_run_without_metrics_gives_its_samples(monkeypatch):
-    monkeypatch.setattr(frames, "_read_eval_log", lambda path: _fake_log([_sample(1, {}), _sample(2, {})]))
+    monkeypatch.setattr(logs_module, "_read_eval_log", lambda path: _fake_log([_sample(1, {}), _sample(2, {})]))
     unscored = {"a": [_record("a", 0, 5, {})]}  # score=False: the task reported no metrics
     assert results_frame(unscored).empty
     out = samples_frame(cells_frame(unscored), "/r", scores=None)
@@ -267,7 +261,7 @@ def test_samples_come_from_the_cells_so_a_run_without_metrics_gives_its_samples(
 def test_scores_none_takes_every_scorer_and_a_failed_sample_scores_none(monkeypatch):
     failed = SimpleNamespace(**{**vars(_sample(3, {})), "error": SimpleNamespace(message="boom")})
     log = _fake_log([_sample(1, {"x": 1.0}), _sample(2, {"x": 0.0, "y": "C"}), failed])
-    monkeypatch.setattr(frames, "_read_eval_log", lambda path: log)
+    monkeypatch.setattr(logs_module, "_read_eval_log", lambda path: log)
     cells = cells_frame({"a": RESULTS["baseline"][:1]})
     out = samples_frame(cells, "/r", scores=None)
     assert list(out.columns[-2:]) == ["x", "y"]
@@ -277,7 +271,7 @@ def test_scores_none_takes_every_scorer_and_a_failed_sample_scores_none(monkeypa
 
 def test_failed_samples_are_listed_with_their_error(monkeypatch):
     failed = SimpleNamespace(**{**vars(_sample(3, {})), "error": SimpleNamespace(message="ValueError: fragile\ntrace")})
-    monkeypatch.setattr(frames, "_read_eval_log", lambda path: _fake_log([_sample(1, {"x": 1.0}), failed]))
+    monkeypatch.setattr(logs_module, "_read_eval_log", lambda path: _fake_log([_sample(1, {"x": 1.0}), failed]))
     out = failed_samples(cells_frame({"a": RESULTS["baseline"][:1]}), "/r")
     assert out[["config", "sample_id", "error"]].values.tolist() == [["a", 3, "ValueError: fragile"]]
 
@@ -302,7 +296,9 @@ def test_unscored_inspect_run_gives_its_samples_without_score_columns(tmp_path):
 
 
 def test_samples_frame_score_key_errors(monkeypatch):
-    monkeypatch.setattr(frames, "_read_eval_log", lambda path: _fake_log([_sample(1, {"d": {"a": 1.0}, "n": 0.5})]))
+    monkeypatch.setattr(
+        logs_module, "_read_eval_log", lambda path: _fake_log([_sample(1, {"d": {"a": 1.0}, "n": 0.5})])
+    )
     frame = results_frame({"a": RESULTS["baseline"][:1]})
     with pytest.raises(KeyError, match="'nope'"):
         samples_frame(frame, "/r", scores=["nope"])

@@ -19,7 +19,9 @@ from steer_hydra.controls.input import SystemPrompt
 from steer_hydra.core import ModelSource
 from steer_hydra.core.pipeline import SteeringPipeline
 from steer_hydra.evaluation import plotting
-from steer_hydra.evaluation.frames import paired_deltas, results_from_logs, summarize_runs
+from steer_hydra.evaluation.deltas import paired_deltas
+from steer_hydra.evaluation.frames import summarize_runs
+from steer_hydra.evaluation.logs import results_from_logs
 from steer_hydra.evaluation.provider import ProviderOptions
 from steer_hydra.evaluation.runner import SteeringEval
 from steer_hydra.evaluation.suite import InspectSuite

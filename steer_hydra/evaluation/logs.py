@@ -1,0 +1,282 @@
+"""Reading `.eval` logs: one row per sample (`samples_frame`), failed samples, and results rebuilt from a save_dir.
+
+- `samples_frame`: one row per sample, scores joined to sample metadata, read from the `.eval` logs of the cells
+  (so a run without metrics, e.g. `score=False`, still gives its samples);
+- `failed_samples`: the samples whose generation or scoring failed, with their first error line;
+- `results_from_logs` / `cells_from_logs`: the results and cells frames rebuilt from a `save_dir` alone, for all
+  configurations or the given `config_ids` (the `success` log per task wins; superseded partial logs of an
+  interrupted run are ignored).
+
+Inspect is imported lazily (only when logs are read).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import pandas as pd
+
+from steer_hydra.evaluation.frames import (
+    CELL_COLUMNS,
+    SAMPLE_ID_COLUMNS,
+    SCORE_LETTERS,
+    _select,
+    cells_frame,
+    results_frame,
+)
+
+
+# ---------------------------------------------------------------------------------------------- samples
+def _read_eval_log(path: str) -> Any:
+    """Read one `.eval` log with its samples (the tests replace this)."""
+    from inspect_ai.log import read_eval_log
+
+    return read_eval_log(path)
+
+
+def resolve_log_path(log: str, log_root: str | Path | None) -> str:
+    """A relative log location resolved under `log_root`; absolute paths and URIs unchanged."""
+    if not log:
+        raise ValueError("A results row has no log location; was the run completed?")
+    if urlparse(log).scheme not in ("", "file") and not re.match(r"^[A-Za-z]:[\\/]", log):
+        return log
+    path = Path(log)
+    if path.is_absolute() or log_root is None:
+        return str(path)
+    return str(Path(log_root) / path)
+
+
+def _score_value(value: Any) -> Any:
+    """Numbers, bools and the letters C/I/P/N through `value_to_float`; other values raw."""
+    if isinstance(value, (bool, int, float)) or (isinstance(value, str) and value in SCORE_LETTERS):
+        from inspect_ai.scorer import value_to_float
+
+        return value_to_float()(value)
+    return value
+
+
+def _sample_score(sample: Any, key: str, log: str) -> Any:
+    scores = getattr(sample, "scores", None) or {}
+    if key in scores:
+        return _score_value(scores[key].value)
+    scorer, sep, dict_key = key.partition("/")
+    if scorer not in scores:
+        raise KeyError(f"Scorer {scorer!r} not found in {log} (sample {sample.id}); scorers: {sorted(scores)}.")
+    value = scores[scorer].value
+    if not sep:
+        return _score_value(value)
+    if not isinstance(value, Mapping) or dict_key not in value:
+        raise KeyError(
+            f"Score key {dict_key!r} is absent from scorer {scorer!r} in {log} (sample {sample.id}); "
+            f"its value is {value!r}."
+        )
+    return _score_value(value[dict_key])
+
+
+def _input_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return "\n".join(str(getattr(m, "text", m)) for m in value or [])
+
+
+def _sort_samples(frame: pd.DataFrame, by: Sequence[str]) -> pd.DataFrame:
+    def key(series: pd.Series) -> pd.Series:
+        if series.name == "sample_id" and series.map(type).nunique() > 1:
+            return series.astype(str)
+        return series
+
+    return frame.sort_values(list(by), kind="stable", key=key).reset_index(drop=True)
+
+
+def _column_values(values: list[Any]) -> pd.Series:
+    """Floats become a float column; anything else (None, lists, dicts, strings) is kept raw in an object column."""
+    if values and all(isinstance(v, float) for v in values):
+        return pd.Series(values, dtype=float)
+    return pd.Series(values, dtype=object)
+
+
+def samples_frame(
+    results: pd.DataFrame,
+    log_root: str | Path | None,
+    *,
+    scores: Sequence[str] | str | None,
+    metadata_keys: Sequence[str] = (),
+    suite: str | None = None,
+    task: str | None = None,
+    include_text: bool = False,
+) -> pd.DataFrame:
+    """One row per sample of the selected (suite, task), for every configuration and trial, read from the logs.
+
+    `results` is a results frame or a cells frame (`cells_frame`, `cells_from_logs`): only its cells and their log
+    locations are used. Columns: `pipeline, config_id, trial_id, seed, suite, task, sample_id`, then
+    `metadata_keys` (None when a sample lacks one), then the score columns (`"scorer"` or `"scorer/dictkey"`;
+    `scores=None` takes every scorer the samples hold, in first-seen order, and none for an unscored run), then
+    `input` and `completion` with `include_text=True`. A sample that failed (its `error` is set) has None scores.
+    Relative log locations resolve under `log_root`.
+    """
+    if scores is not None:
+        scores = [scores] if isinstance(scores, str) else list(scores)
+        if not scores:
+            raise ValueError("samples_frame needs at least one score key, e.g. scores=['includes'] (or scores=None).")
+    selected = _select(results, suite, task)
+    cells = selected[list(CELL_COLUMNS)].drop_duplicates(["config", "config_id", "trial", "suite", "task"])
+    rows = []
+    found: dict[str, None] = {}
+    for cell in cells.itertuples(index=False):
+        path = resolve_log_path(cell.log, log_root)
+        log = _read_eval_log(path)
+        for sample in getattr(log, "samples", None) or []:
+            metadata = getattr(sample, "metadata", None) or {}
+            row: dict[str, Any] = {
+                "pipeline": cell.config,
+                "config_id": cell.config_id,
+                "trial_id": cell.trial,
+                "seed": cell.seed,
+                "suite": cell.suite,
+                "task": cell.task,
+                "sample_id": sample.id,
+            }
+            for key in metadata_keys:
+                row[key] = metadata.get(key)
+            for key in scores if scores is not None else list(getattr(sample, "scores", None) or {}):
+                found.setdefault(key)
+                row[key] = _sample_score_or_none(sample, key, path)
+            if include_text:
+                output = getattr(sample, "output", None)
+                row["input"] = _input_text(sample.input)
+                row["completion"] = getattr(output, "completion", None)
+            rows.append(row)
+    score_columns = scores if scores is not None else list(found)
+    columns = [*SAMPLE_ID_COLUMNS, *metadata_keys, *score_columns] + (["input", "completion"] if include_text else [])
+    data = {c: pd.Series([row[c] for row in rows]) for c in SAMPLE_ID_COLUMNS}
+    data.update({c: _column_values([row.get(c) for row in rows]) for c in columns[len(SAMPLE_ID_COLUMNS) :]})
+    frame = pd.DataFrame(data, columns=columns)
+    return _sort_samples(frame, ["pipeline", "config_id", "trial_id", "sample_id"])
+
+
+def failed_samples(cells: pd.DataFrame, log_root: str | Path | None) -> pd.DataFrame:
+    """One row per sample whose generation or scoring failed in the cells' logs: `config, config_id, trial, suite,
+    task, sample_id, error` (the first line of Inspect's error message)."""
+    rows = []
+    for cell in cells[list(CELL_COLUMNS)].drop_duplicates(["config_id", "trial", "suite", "task"]).itertuples():
+        log = _read_eval_log(resolve_log_path(cell.log, log_root))
+        for sample in getattr(log, "samples", None) or []:
+            error = getattr(sample, "error", None)
+            if error is not None:
+                message = str(getattr(error, "message", error)).strip().splitlines()
+                rows.append(
+                    (cell.config, cell.config_id, cell.trial, cell.suite, cell.task, sample.id, (message or [""])[0])
+                )
+    return pd.DataFrame(rows, columns=["config", "config_id", "trial", "suite", "task", "sample_id", "error"])
+
+
+def _sample_score_or_none(sample: Any, key: str, log: str) -> Any:
+    """`_sample_score`, with None where a failed sample has no score for `key`."""
+    if getattr(sample, "error", None) is not None and key.partition("/")[0] not in (
+        getattr(sample, "scores", None) or {}
+    ):
+        return None
+    return _sample_score(sample, key, log)
+
+
+# ---------------------------------------------------------------------------------------------- logs on disk
+def _finished_logs(log_dir: Path) -> dict[str, tuple[str, Any]]:
+    """`{task: (path, header)}` of the newest finished log per task in one directory: status `success`, or `error`
+    from failed samples only (`is_partial`: the rest were scored)."""
+    from inspect_ai.log import list_eval_logs, read_eval_log
+
+    from steer_hydra.evaluation.suite import is_partial
+
+    chosen: dict[str, tuple[str, Any]] = {}
+    for info in list_eval_logs(str(log_dir), recursive=False):
+        header = read_eval_log(info, header_only=True)
+        if header.status != "success" and not is_partial(header):
+            continue
+        task = header.eval.task
+        previous = chosen.get(task)
+        if previous is None or str(header.eval.created) > str(previous[1].eval.created):
+            chosen[task] = (info.name, header)
+    return chosen
+
+
+def _records_from_logs(
+    save_dir: Path,
+    names: Mapping[str, str] | None,
+    seeds: Mapping[tuple[str, int], Any] | None,
+    config_ids: Iterable[str] | None,
+) -> dict[str, list[dict[str, Any]]]:
+    root = save_dir / "inspect_logs"
+    wanted = None if config_ids is None else set(config_ids)
+    records: dict[str, list[dict[str, Any]]] = {}
+    for config_dir in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
+        if wanted is not None and config_dir.name not in wanted:
+            continue
+        for trial_dir in sorted(p for p in config_dir.iterdir() if p.is_dir() and p.name.startswith("trial_")):
+            trial = int(trial_dir.name.removeprefix("trial_"))
+            suites: dict[str, dict[str, Any]] = {}
+            for suite_dir in sorted(p for p in trial_dir.iterdir() if p.is_dir()):
+                tasks: dict[str, Any] = {}
+                for log_dir in [suite_dir, *sorted(p for p in suite_dir.iterdir() if p.is_dir())]:
+                    for task, (location, header) in _finished_logs(log_dir).items():
+                        tasks[task] = _flatten_header(header, location, save_dir)
+                if tasks:
+                    suites[suite_dir.name] = tasks
+            if suites:
+                name = (names or {}).get(config_dir.name, config_dir.name)
+                records.setdefault(name, []).append(
+                    {
+                        "config_id": config_dir.name,
+                        "trial_id": trial,
+                        "seed": (seeds or {}).get((config_dir.name, trial)),
+                        "suites": suites,
+                    }
+                )
+    return records
+
+
+def results_from_logs(
+    save_dir: str | Path,
+    names: Mapping[str, str] | None = None,
+    *,
+    seeds: Mapping[tuple[str, int], Any] | None = None,
+    config_ids: Iterable[str] | None = None,
+) -> pd.DataFrame:
+    """The results frame rebuilt from `save_dir/inspect_logs/<config_id>/trial_<t>/<suite>/` alone.
+
+    Per (config, trial, suite) cell and task, the newest finished log is read (status `success`, or `error` from
+    failed samples only); logs left by an interrupted run (status `started`) and superseded logs are ignored.
+    `names` maps config_id to the pipeline name (default: the config_id); `seeds` maps (config_id, trial) to the
+    trial seed (default None); `config_ids` keeps only those configurations (default: every one in the save_dir).
+    Log locations are relative to `save_dir`.
+    """
+    return results_frame(_records_from_logs(Path(save_dir), names, seeds, config_ids))
+
+
+def cells_from_logs(
+    save_dir: str | Path,
+    names: Mapping[str, str] | None = None,
+    *,
+    seeds: Mapping[tuple[str, int], Any] | None = None,
+    config_ids: Iterable[str] | None = None,
+) -> pd.DataFrame:
+    """The cells frame (`cells_frame`) rebuilt from a save_dir's logs, with the arguments of `results_from_logs`."""
+    return cells_frame(_records_from_logs(Path(save_dir), names, seeds, config_ids))
+
+
+def _flatten_header(header: Any, location: str, save_dir: Path) -> dict[str, Any]:
+    from steer_hydra.evaluation.suite import failed_count, normalize_location
+
+    metrics = {}
+    for score in getattr(header.results, "scores", None) or []:
+        for name, metric in (score.metrics or {}).items():
+            metrics[f"{score.name}/{name}"] = metric.value
+    return {
+        "metrics": metrics,
+        "n": int(header.results.completed_samples) if header.results is not None else 0,
+        "failed": failed_count(header),
+        "log": normalize_location(location, save_dir),
+    }
