@@ -2,7 +2,7 @@
 
 Reads the sweep's `multirun.yaml` and every `*/job_record.json` under it, writes `<sweep dir>/aggregate/`
 (paired deltas of the sweep's configurations vs the baseline, summary, plots, `missing_cells.json` with the
-command that completes each missing job) and, unless `--no-tracking`, one W&B summary run as the sweep would.
+command that completes each missing job) and, unless `--no-tracking`, the W&B summary runs as the sweep would.
 """
 
 from __future__ import annotations

@@ -273,7 +273,8 @@ def _run_job(cfg: DictConfig, output_dir: Path) -> float:
                     plan.save_dir / "inspect_logs" / plan.config_id,
                 )
         exit_code = 0
-        title = table_title(f"{plan.arm} [{plan.config_id}] vs {cfg.baseline_arm}", table, {"seed": plan.seed})
+        against = "" if is_baseline else f" vs {cfg.baseline_arm}"
+        title = table_title(f"{plan.arm} [{plan.config_id}]{against}", table, {"seed": plan.seed})
         notes = [tracker.where() if tracker is not None else None]
         notes.append(f"Objective {objective:.4f}" + (" (every cell reused from the save_dir)" if reused else ""))
         log_dir = plan.save_dir / "inspect_logs" / plan.config_id
