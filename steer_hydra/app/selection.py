@@ -100,15 +100,7 @@ def report_selected(
     """Statistics on test of each arm at its chosen strength (arms without a strength as they are)."""
     if "split" in test and not (test["split"] == "test").all():
         raise ValueError("report_selected reads test rows only. Fix: pass frame[split=='test'].")
-    chosen = dict(zip(choices["arm"], choices["strength"], strict=True))
-    keep = []
-    for arm, frame in test.groupby("pipeline", sort=True):
-        strength = chosen.get(arm, math.nan)
-        if arm == baseline or strength is None or (isinstance(strength, float) and math.isnan(strength)):
-            keep.append(frame if frame["strength"].isna().all() else frame[frame["strength"].isna()])
-        else:
-            keep.append(frame[frame["strength"] == strength])
-    selected = pd.concat(keep, ignore_index=True)
+    selected = at_chosen_strength(test, choices, baseline=baseline)
     base_ids = sorted(selected.loc[selected["pipeline"] == baseline, "config_id"].unique())
     if len(base_ids) != 1:
         raise ValueError(f"report_selected: the baseline {baseline!r} must be one configuration; got {base_ids}.")
@@ -121,6 +113,60 @@ def report_selected(
     )
     strengths = selected.groupby("config_id")["strength"].first()
     return stats.assign(strength=stats["config_id"].map(strengths)).rename(columns={"pipeline": "arm"})
+
+
+def at_chosen_strength(frame: pd.DataFrame, choices: pd.DataFrame, *, baseline: str = "baseline") -> pd.DataFrame:
+    """The rows of each arm at its chosen strength (arms without a chosen strength: their unswept rows)."""
+    chosen = dict(zip(choices["arm"], choices["strength"], strict=True))
+    keep = []
+    for arm, rows in frame.groupby("pipeline", sort=True):
+        strength = chosen.get(arm, math.nan)
+        if arm == baseline or strength is None or (isinstance(strength, float) and math.isnan(strength)):
+            keep.append(rows if rows["strength"].isna().all() else rows[rows["strength"].isna()])
+        else:
+            keep.append(rows[rows["strength"] == strength])
+    return pd.concat(keep, ignore_index=True) if keep else frame.iloc[:0]
+
+
+NOT_SCORES = frozenset(
+    {"pipeline", "config_id", "trial_id", "seed", "suite", "task", "sample_id", "input", "completion", "display",
+     "strength", "split", "target", "error"}
+)  # fmt: skip
+
+
+def report_costs(
+    samples: pd.DataFrame,
+    choices: pd.DataFrame,
+    *,
+    suites: Sequence[str],
+    baseline: str = "baseline",
+    n_resamples: int = 10_000,
+) -> pd.DataFrame:
+    """Capability costs: per task of `suites`, each arm at its chosen strength vs the baseline (paired, by sample).
+
+    Columns: `suite, task, arm, config_id, strength, metric, n, baseline_mean, arm_mean, delta, ci_low, ci_high,
+    changed_fraction`. The score columns are every numeric score the task's logs hold.
+    """
+    out = []
+    for (suite, task), frame in samples[samples["suite"].isin(list(suites))].groupby(["suite", "task"], sort=True):
+        selected = at_chosen_strength(frame, choices, baseline=baseline)
+        base_ids = sorted(selected.loc[selected["pipeline"] == baseline, "config_id"].unique())
+        if len(base_ids) != 1:
+            logger.warning("Capability costs of %s/%s skipped: baseline configurations %s", suite, task, base_ids)
+            continue
+        scores = [
+            c
+            for c in selected.columns
+            if c not in NOT_SCORES and pd.to_numeric(selected[c], errors="coerce").notna().any()
+        ]
+        stats = arm_statistics(selected, scores, baseline_config=base_ids[0], n_resamples=n_resamples)
+        strengths = selected.groupby("config_id")["strength"].first()
+        out.append(
+            stats.assign(suite=suite, task=task, strength=stats["config_id"].map(strengths)).rename(
+                columns={"pipeline": "arm"}
+            )
+        )
+    return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
 
 
 # ---------------------------------------------------------------------------------------- reading a study
@@ -180,16 +226,24 @@ def write_study(
     follows: Mapping[str, str] | None = None,
     baseline: str = "baseline",
     task: str | None = None,
+    strengths: Sequence[float] | None = None,
+    cost_suites: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Select on dev, report on test; write `selection.csv`, `study_results.csv`, `selection.json`."""
+    """Select on dev, report on test; write `selection.csv`, `study_results.csv`, `selection.json`.
+
+    `strengths` (the study's grid) restricts the dev candidates (a save_dir may hold other strengths from earlier
+    runs); `cost_suites` adds `capability_costs.csv`: each arm at its chosen strength on those suites' tasks.
+    """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    frame = samples if task is None else samples[samples["task"] == task]
-    dev, test = frame[frame["split"] == "dev"], frame[frame["split"] == "test"]
+    dev, test = dev_test(samples, task=task, strengths=strengths)
     choices = select_strengths(dev, objective, follows=follows)
     results = report_selected(test, choices, scores, baseline=baseline)
+    costs = report_costs(samples, choices, suites=cost_suites, baseline=baseline) if cost_suites else pd.DataFrame()
     choices.to_csv(out_dir / "selection.csv", index=False)
     results.to_csv(out_dir / "study_results.csv", index=False)
+    if not costs.empty:
+        costs.to_csv(out_dir / "capability_costs.csv", index=False)
     provenance = {
         "objective": asdict(objective),
         "follows": dict(follows or {}),
@@ -200,7 +254,20 @@ def write_study(
     (out_dir / "selection.json").write_text(json.dumps(provenance, indent=1, default=str))
     plot_study(results, out_dir / "study_deltas.png", baseline=baseline)
     logger.info("Strength selection on %d dev samples; results on %d test samples in %s", *_sizes(dev, test), out_dir)
-    return {"choices": choices, "results": results, "provenance": provenance}
+    return {"choices": choices, "results": results, "costs": costs, "provenance": provenance}
+
+
+def dev_test(
+    samples: pd.DataFrame, *, task: str | None = None, strengths: Sequence[float] | None = None
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The study task's dev rows (swept rows restricted to the `strengths` grid when given) and its test rows."""
+    frame = samples if task is None else samples[samples["task"] == task]
+    dev = frame[frame["split"] == "dev"]
+    if strengths is not None:
+        grid = [float(s) for s in strengths]
+        on_grid = dev["strength"].map(lambda s: pd.isna(s) or any(math.isclose(s, g) for g in grid))
+        dev = dev[on_grid.astype(bool)]
+    return dev, frame[frame["split"] == "test"]
 
 
 def plot_study(results: pd.DataFrame, path: Path, *, baseline: str = "baseline") -> Path:
@@ -228,11 +295,13 @@ def _sizes(dev: pd.DataFrame, test: pd.DataFrame) -> tuple[int, int]:
 
 
 class StudySelection(Callback):
-    """At the end of a study's multirun: select strengths on dev, report on test, write and log the study.
+    """The study's selection and report: strengths chosen on dev, reported on test, capability costs, W&B.
 
-    Args (from the preset's `hydra.callbacks.study_selection`): `objective` (a score column) and `maximize`,
-    `scores` (the columns reported), `swept` (arms whose strength is swept), `follows` (sanity arm -> its
-    method's arm), `task` (the task holding the splits), `baseline`.
+    As a Hydra callback (a plain grid multirun that evaluates both splits) it reports at `on_multirun_end`; the
+    study sweeper (`hydra/sweeper: study`) calls `choose` between its dev and report batches and `report` at the
+    end. Args: `objective` (a score column) and `maximize`, `scores` (the columns reported), `swept` (arms whose
+    strength is swept), `follows` (sanity arm -> its method's arm), `task` (the task holding the splits),
+    `baseline`, `cost_suites` (suites whose tasks give each arm's capability costs).
     """
 
     def __init__(
@@ -244,32 +313,56 @@ class StudySelection(Callback):
         follows: Mapping[str, str] | None = None,
         task: str = "steer_hydra/concept_steering",
         baseline: str = "baseline",
+        cost_suites: Sequence[str] = (),
     ) -> None:
         self.objective = Objective(objective, maximize)
         self.scores, self.swept, self.follows = list(scores), list(swept), dict(follows or {})
-        self.task, self.baseline = task, baseline
+        self.task, self.baseline, self.cost_suites = task, baseline, list(cost_suites)
 
-    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+    def samples(self, save_dir: str | Path) -> pd.DataFrame:
+        """The study frame of `save_dir` with the concept task's splits."""
         from steer_hydra.tasks.concept_steering import split_ids
 
         split_of = {i: "dev" for i in split_ids("dev")} | {i: "test" for i in split_ids("test")}
+        return study_frame(Path(save_dir).absolute(), split_of=split_of, swept=self.swept)
+
+    def choose(self, save_dir: str | Path, *, strengths: Sequence[float] | None = None) -> dict[str, float]:
+        """Each method arm's strength, chosen on the dev rows of `save_dir` only (sanity arms are not chosen)."""
+        dev, _ = dev_test(self.samples(save_dir), task=self.task, strengths=strengths)
+        dev = dev[~dev["pipeline"].isin(list(self.follows))]
+        choices = select_strengths(dev, self.objective)
+        return {r.arm: float(r.strength) for r in choices.itertuples(index=False) if not pd.isna(r.strength)}
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        self.report(config)
+
+    def report(
+        self, config: DictConfig, *, save_dir: str | Path | None = None, strengths: Sequence[float] | None = None
+    ) -> dict[str, Any] | None:
+        """Select on dev, report on test (and costs) into `<sweep dir>/study/`, print the table, log to W&B."""
         out_dir = Path(config.hydra.sweep.dir).absolute() / "study"
         try:
-            samples = study_frame(Path(str(config.save_dir)).absolute(), split_of=split_of, swept=self.swept)
+            samples = self.samples(save_dir if save_dir is not None else str(config.save_dir))
+            present = set(samples["pipeline"])
             out = write_study(
                 samples,
                 out_dir,
                 objective=self.objective,
                 scores=self.scores,
-                follows=self.follows,
+                follows={arm: parent for arm, parent in self.follows.items() if arm in present},
                 baseline=self.baseline,
                 task=self.task,
+                strengths=strengths,
+                cost_suites=self.cost_suites,
             )
         except (ValueError, KeyError) as error:
             logger.warning("Study selection skipped: %s", error)
-            return
+            return None
         logger.info("Study (strength chosen on dev, reported on test):\n%s", study_table(out["results"]))
+        if not out["costs"].empty:
+            logger.info("Capability costs (chosen strength):\n%s", costs_table(out["costs"]))
         self._track(config, out_dir, out)
+        return out
 
     def _track(self, config: DictConfig, out_dir: Path, out: Mapping[str, Any]) -> None:
         from steer_hydra.app.plan import to_plain
@@ -300,6 +393,8 @@ class StudySelection(Callback):
             )
             tracker.table("study_results", results)
             tracker.table("selection", out["choices"])
+            if not out["costs"].empty:
+                tracker.table("capability_costs", out["costs"])
             exit_code = 0
         finally:
             tracker.finish(exit_code)
@@ -325,6 +420,19 @@ def study_table(results: pd.DataFrame, metrics: Sequence[str] | None = None) -> 
     return "\n".join(lines)
 
 
+def costs_table(costs: pd.DataFrame) -> str:
+    """One line per (task, metric): each arm's mean and delta [CI] vs the baseline."""
+    lines = []
+    for (task, metric), rows in costs.groupby(["task", "metric"], sort=True):
+        cells = [
+            f"{r.arm}{'' if pd.isna(r.strength) else f'@{r.strength:g}'}={r.arm_mean:.3f} "
+            f"({r.delta:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}])"
+            for r in rows.itertuples(index=False)
+        ]
+        lines.append(f"{task} {metric}: " + "  ".join(cells))
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """`python -m steer_hydra.app.selection SAVE_DIR OUT_DIR`: the study selection of a save_dir, after the fact."""
     import argparse
@@ -340,6 +448,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--follows", nargs="*", default=["caa_weddings_random=caa_weddings", "caa_weddings_negated=caa_weddings"]
     )
     parser.add_argument("--task", default="steer_hydra/concept_steering")
+    parser.add_argument("--strengths", nargs="*", type=float, default=None, help="the grid (default: every one)")
+    parser.add_argument("--cost-suites", nargs="*", default=["capability_offline"])
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
     split_of = {i: "dev" for i in split_ids("dev")} | {i: "test" for i in split_ids("test")}
@@ -354,8 +464,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         scores=["concept_score", "instruction_score", "fluency_score", "concept_harmonic"],
         follows=follows,
         task=args.task,
+        strengths=args.strengths,
+        cost_suites=args.cost_suites,
     )
     print(study_table(out["results"]))  # noqa: T201 - a command's output
+    if not out["costs"].empty:
+        print(costs_table(out["costs"]))  # noqa: T201
 
 
 if __name__ == "__main__":

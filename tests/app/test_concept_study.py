@@ -1,4 +1,4 @@
-"""The concept-steering preset composes: arms, swept strength, SmolLM2, the suite with both splits, the selection."""
+"""The concept-steering preset composes: the study sweeper (arms, strength grid, dev/test suites, costs), SmolLM2."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from hydra.utils import instantiate
 
+from hydra_plugins.steer_hydra_study.study_sweeper import StudySweeper
 from steer_hydra.app.plan import JobPlan
 from steer_hydra.app.schema import register_configs
-from steer_hydra.app.selection import StudySelection
 from steer_hydra.controls.input import SystemPrompt
 from steer_hydra.controls.state import CAA, PASTA, concept_pairs, concept_system_prompt
 
@@ -25,16 +25,20 @@ def study():
     GlobalHydra.instance().clear()
 
 
-def test_the_sweep_covers_every_arm_and_strength_and_ends_in_selection(study):
+def test_the_study_sweeper_covers_every_arm_and_strength_and_the_costs(study):
     cfg = study(return_hydra_config=True)
-    params = cfg.hydra.sweeper.params
-    assert tuple(params.arm.split(",")) == STUDY_ARMS
-    assert [float(s) for s in params.strength.split(",")] == sorted(float(s) for s in params.strength.split(","))
-    callback = instantiate(cfg.hydra.callbacks.study_selection)
-    assert isinstance(callback, StudySelection) and callback.objective.metric == "concept_harmonic"
-    assert callback.follows == {"caa_weddings_random": "caa_weddings", "caa_weddings_negated": "caa_weddings"}
-    assert set(callback.swept) == {"caa_weddings", "caa_weddings_random", "caa_weddings_negated"}
-    assert cfg.model.model_name_or_path == "steer_hydra:smollm2" and cfg.suite.tasks == ["steer_hydra/concept_steering"]
+    sweeper = instantiate(cfg.hydra.sweeper)
+    assert type(sweeper).__name__ == StudySweeper.__name__ and tuple(sweeper.arms) == STUDY_ARMS
+    assert len(sweeper.strengths) >= 3 and sweeper.strengths == sorted(sweeper.strengths)
+    assert sweeper.objective == "concept_harmonic" and sweeper.maximize
+    assert sweeper.follows == {"caa_weddings_random": "caa_weddings", "caa_weddings_negated": "caa_weddings"}
+    assert set(sweeper.swept) == {"caa_weddings", "caa_weddings_random", "caa_weddings_negated"}
+    assert sweeper.cost_suites == ["capability_offline"]
+    assert cfg.model.model_name_or_path == "steer_hydra:smollm2"
+    for suite, split in ((sweeper.dev_suite, "dev"), (sweeper.test_suite, "test")):
+        composed = study(f"suite={suite}")
+        assert composed.suite.tasks == ["steer_hydra/concept_steering"] and composed.suite.task_args == {"split": split}
+    assert study("suite=capability_offline").suite.limit >= 60
 
 
 @pytest.mark.parametrize("arm", STUDY_ARMS)

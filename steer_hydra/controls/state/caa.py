@@ -36,6 +36,7 @@ from steer_hydra.controls.state.residual import (
 )
 from steer_hydra.controls.state.vectors import SteeringVector
 from steer_hydra.core.controls import HookSet
+from steer_hydra.core.identity import canonical_json, canonical_value, model_fingerprint
 from steer_hydra.core.layout import ModelLayout
 from steer_hydra.core.rendering import has_chat_template
 from steer_hydra.core.tensors import pad_left
@@ -113,9 +114,18 @@ class CAA(LayerVectorControl):
         return None
 
     def _fit(self, model: torch.nn.Module, tokenizer: Any, layout: ModelLayout, layer: int) -> SteeringVector:
-        return fit_mean_difference(
+        key = _fit_key(model, tokenizer, layer, self.data, self.prompt_format, self.accumulate)
+        if key is not None and key in _FITTED:
+            logger.info("CAA vector reused: fitted earlier in this process on the same model, layer and pairs")
+            return _FITTED[key]
+        vector = fit_mean_difference(
             model, tokenizer, layout, layer, self.data, self.prompt_format, self.batch_size, self.accumulate
         )
+        if key is not None:
+            _FITTED[key] = vector
+            while len(_FITTED) > _FITTED_MAX:
+                _FITTED.pop(next(iter(_FITTED)))
+        return vector
 
     # ------------------------------------------------------------------ per call
     def get_hooks(self, input_ids: torch.Tensor, runtime_kwargs: Mapping[str, Any], **kwargs: Any) -> HookSet:
@@ -200,6 +210,27 @@ def render_pair_split(tokenizer: Any, pair: Mapping[str, Any], side: str, prompt
         return ids, len(ids) - len(tokenizer(answer, add_special_tokens=False)["input_ids"])
     n_prompt = len(tokenizer(prompt)["input_ids"])
     return list(tokenizer(prompt + answer)["input_ids"]), n_prompt
+
+
+# In-process memo of fitted vectors: the jobs of a sweep (one process under the basic launcher) reload the same
+# model and would refit the same vector for every strength and sanity arm. Keyed by the model's fingerprint (config
+# and name; every weight for small models), the tokenizer, the layer and the pairs' content.
+_FITTED: dict[str, SteeringVector] = {}
+_FITTED_MAX = 16
+
+
+def _fit_key(
+    model: torch.nn.Module, tokenizer: Any, layer: int, data: Any, prompt_format: str, accumulate: str
+) -> str | None:
+    """The memo key of a fit, or None when the pairs have no content form (then the fit is not memoized)."""
+    if not isinstance(data, Sequence):  # an iterator would be consumed by the key
+        return None
+    try:
+        pairs = canonical_value(list(data))
+    except TypeError:
+        return None
+    tokenizer_id = [getattr(tokenizer, "name_or_path", None), getattr(tokenizer, "chat_template", None)]
+    return canonical_json([model_fingerprint(model), tokenizer_id, layer, pairs, prompt_format, accumulate])
 
 
 def fit_mean_difference(
