@@ -15,9 +15,10 @@ Contract:
 - The batch ceiling is `ProviderOptions.batch_ceiling(pipeline)` (`max_batch_size`, or 1 when the pipeline cannot
   batch; `effective_max_batch`). **Pass `max_connections=model.api.inspect_connections` to every `inspect_ai.eval` /
   `eval_set` call**: Inspect's adaptive concurrency ignores `ModelAPI.max_connections()` unless
-  `max_connections` is given, and with it given `max_samples` defaults to the same value. That number is the
-  ceiling under static batching (batches fill exactly) and twice the ceiling under refill (a freed slot finds
-  the next request waiting); `inspect_max_connections(model)` returns it.
+  `max_connections` is given, and with it given `max_samples` defaults to the same value. That number is twice
+  the ceiling: under static batching the next full batch is queued when one ends, so the collator's worker
+  starts it at once while Inspect finishes the previous batch's samples on its event loop; under refill a freed
+  slot finds the next request waiting. `inspect_max_connections(model)` returns it.
 - Batching (`ProviderOptions.batching`): "refill" (or "auto": refill where the pipeline allows it) decodes every
   request in one loop that refills a finished row's slot at once (`refill_serving.RefillCollator`); "static"
   (the default) runs each batch until its longest row ends (`batching.LockLeaderCollator`).
@@ -236,10 +237,10 @@ class SteeringPipelineModelAPI(ModelAPI):
 
     @property
     def inspect_connections(self) -> int:
-        """The `max_connections` to give Inspect: the ceiling, doubled under refill so that a finished row's slot
-        finds the next request already waiting (Inspect finishes a sample on its event loop before it sends the
-        next one)."""
-        return self._effective_max_batch * (2 if self._batching == "refill" else 1)
+        """The `max_connections` to give Inspect: twice the ceiling, so that the next batch (static) or a finished
+        row's replacement (refill) is already waiting when a slot frees, and generation overlaps Inspect's work
+        on the finished samples (Inspect finishes a sample on its event loop before it sends the next one)."""
+        return 2 * self._effective_max_batch
 
     @property
     def batching(self) -> str:

@@ -210,7 +210,8 @@ def test_max_connections_is_the_effective_ceiling():
     assert build(max_batch_size=3).max_connections() == 3
     assert build(StubPipeline(supports_batching=False), max_batch_size=8).max_connections() == 1
     model = as_inspect_model(StubPipeline(), options=ProviderOptions(max_batch_size=5))
-    assert inspect_max_connections(model) == model.api.effective_max_batch == 5
+    assert model.api.effective_max_batch == 5
+    assert inspect_max_connections(model) == 10  # the next batch waits while one decodes
 
 
 def test_max_tokens_is_the_default_max_tokens():

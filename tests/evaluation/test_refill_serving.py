@@ -152,7 +152,7 @@ def test_batching_option_resolves_and_refuses_what_cannot_refill(make_pipeline):
     static = as_inspect_model(make_pipeline(), options=ProviderOptions(max_batch_size=3))
     assert (refill.api.batching, static.api.batching) == ("refill", "static")  # auto refills when it can
     assert inspect_max_connections(refill) == refill.api.inspect_connections == 6  # a request waits per slot
-    assert inspect_max_connections(static) == static.api.inspect_connections == 3
+    assert inspect_max_connections(static) == static.api.inspect_connections == 6  # the next batch waits
     actadd = make_pipeline([ActAdd(steering_vector=torch.ones(64), layer_id=0)])
     assert as_inspect_model(actadd, options=ProviderOptions(batching="auto")).api.batching == "static"
     with pytest.raises(ValueError, match=r"batching='refill'.*ActAdd.*Fix"):
