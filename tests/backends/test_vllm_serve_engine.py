@@ -16,13 +16,22 @@ import time
 
 import httpx
 import pytest
-from test_vllm_engine import run_eval
-from vllm_real import MIN_AGREEMENT, TINY64, agreement, chat_prompts, generate, rows, steering_controls
+from vllm_real import (
+    MIN_AGREEMENT,
+    TINY64,
+    agreement,
+    chat_prompts,
+    generate,
+    rows,
+    run_eval,
+    steered,
+    steering_controls,
+)
 
 from steer_hydra.backends.lowering import sampling_fields
 from steer_hydra.backends.vllm_steering import ENV_FLAG, lower, steering_fields
 from steer_hydra.controls.state import ActAdd
-from steer_hydra.core import BackendSpec, GenerationParams, SteeringPipeline
+from steer_hydra.core import BackendSpec, GenerationParams
 from steer_hydra.models import resolve_model_reference
 
 pytestmark = [
@@ -89,30 +98,22 @@ def server(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def hf():
-    pipeline = SteeringPipeline(TINY64, controls=steering_controls()).steer()
-    yield pipeline
-    pipeline.release()
-
-
-@pytest.fixture(scope="module")
 def client(server):
     spec = BackendSpec("vllm_serve", {"base_url": server, "max_concurrency": 8})
-    pipeline = SteeringPipeline(TINY64, controls=steering_controls(), backend=spec).steer()
-    assert pipeline._backend.served_model == SERVED_NAME  # discovered from /v1/models
-    yield pipeline
-    pipeline.release()
+    with steered(TINY64, steering_controls(), spec) as pipeline:
+        assert pipeline._backend.served_model == SERVED_NAME  # discovered from /v1/models
+        yield pipeline
 
 
 @pytest.mark.parametrize("active", [(), ("CAA",), ("ActAdd",)], ids=["plain", "caa", "actadd"])
-def test_greedy_outputs_agree_with_hugging_face_unsteered_and_steered(hf, client, active, record_property):
-    expected, served = generate(hf, active), generate(client, active)
+def test_greedy_outputs_agree_with_hugging_face_unsteered_and_steered(tiny64_hf, client, active, record_property):
+    expected, served = generate(tiny64_hf, active), generate(client, active)
     name = "+".join(active) or "unsteered"
-    assert agreement(f"serve {name}", rows(hf, expected), rows(client, served), record_property) >= MIN_AGREEMENT
+    assert agreement(f"serve {name}", rows(tiny64_hf, expected), rows(client, served), record_property) >= MIN_AGREEMENT
     assert [o.finish_reasons for o in served] == [o.finish_reasons for o in expected]
 
 
-def test_concurrent_steered_and_unsteered_requests_do_not_leak_into_each_other(hf, client):
+def test_concurrent_steered_and_unsteered_requests_do_not_leak_into_each_other(tiny64_hf, client):
     backend, tokenizer = client._backend, client.tokenizer
     prompts = chat_prompts(tokenizer)
     actadd = next(c for c in client.state_controls if isinstance(c, ActAdd))
@@ -124,25 +125,25 @@ def test_concurrent_steered_and_unsteered_requests_do_not_leak_into_each_other(h
     mixed = [c[0] for c in backend._complete(prompts, fields)]  # 8 requests in flight at once
     alone = [backend._complete([p], [f])[0][0] for p, f in zip(prompts, fields, strict=True)]
     assert mixed == alone
-    steered_hf, plain_hf = rows(hf, generate(hf, ("ActAdd",))), rows(hf, generate(hf))
+    steered_hf, plain_hf = rows(tiny64_hf, generate(tiny64_hf, ("ActAdd",))), rows(tiny64_hf, generate(tiny64_hf))
     expected = [steered_hf[i] if i % 2 else plain_hf[i] for i in range(len(prompts))]
     assert agreement("serve mixed batch", expected, mixed) >= MIN_AGREEMENT
 
 
-def test_seeds_n_and_stop_strings_on_the_server(hf, client):
+def test_seeds_n_and_stop_strings_on_the_server(tiny64_hf, client):
     first = generate(client, do_sample=True, n=2, seed=11, max_new_tokens=8)
     assert rows(client, first) == rows(client, generate(client, do_sample=True, n=2, seed=11, max_new_tokens=8))
     assert rows(client, first) != rows(client, generate(client, do_sample=True, n=2, seed=12, max_new_tokens=8))
-    text = hf.tokenizer.decode(generate(hf)[1].output_ids[0, 2:4])
-    expected, served = generate(hf, stop_strings=[text]), generate(client, stop_strings=[text])
-    assert rows(client, served) == rows(hf, expected) and served[1].finish_reasons == ["stop"]
+    text = tiny64_hf.tokenizer.decode(generate(tiny64_hf)[1].output_ids[0, 2:4])
+    expected, served = generate(tiny64_hf, stop_strings=[text]), generate(client, stop_strings=[text])
+    assert rows(client, served) == rows(tiny64_hf, expected) and served[1].finish_reasons == ["stop"]
 
 
-def test_an_inspect_eval_through_the_provider_scores_like_hugging_face(hf, client, tmp_path, record_property):
-    for pipeline in (hf, client):
+def test_an_inspect_eval_through_the_provider_scores_like_hugging_face(tiny64_hf, client, tmp_path, record_property):
+    for pipeline in (tiny64_hf, client):
         for control in pipeline.state_controls:
             control.enabled = isinstance(control, ActAdd)
-    expected, served = run_eval(hf, tmp_path, "hf"), run_eval(client, tmp_path, "serve")
+    expected, served = run_eval(tiny64_hf, tmp_path, "hf"), run_eval(client, tmp_path, "serve")
     same = [expected[k][0] == served[k][0] for k in expected]
     print(f"[vllm agreement] serve Inspect eval ActAdd: {sum(same)}/{len(same)} completions identical")
     record_property("inspect_serve_actadd", f"{sum(same)}/{len(same)}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 from inspect_ai import eval as inspect_eval
-from vllm_real import MIN_AGREEMENT, agreement
+from vllm_real import MIN_AGREEMENT, agreement, steered
 
 from steer_hydra.controls.state import CAA
 from steer_hydra.core import BackendSpec, SteeringPipeline
@@ -39,9 +39,8 @@ OPTIONS = {"dtype": "float32", "enforce_eager": True, "max_model_len": 1024, "se
 @pytest.fixture(scope="module")
 def hf():
     """SmolLM2 on Hugging Face with CAA fitted there (hidden states) at LAYER."""
-    pipeline = SteeringPipeline(SMOLLM2_REF, controls=[CAA(data=PAIRS, layer_id=LAYER, multiplier=MULTIPLIER)])
-    yield pipeline.steer()
-    pipeline.release()
+    with steered(SMOLLM2_REF, [CAA(data=PAIRS, layer_id=LAYER, multiplier=MULTIPLIER)]) as pipeline:
+        yield pipeline
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +51,8 @@ def vector(hf):
 @pytest.fixture(scope="module")
 def engine(vector):
     controls = [CAA(steering_vector=vector, multiplier=MULTIPLIER)]
-    pipeline = SteeringPipeline(SMOLLM2_REF, controls=controls, backend=BackendSpec("vllm", OPTIONS)).steer()
-    yield pipeline
-    pipeline.release()
+    with steered(SMOLLM2_REF, controls, BackendSpec("vllm", OPTIONS)) as pipeline:
+        yield pipeline
 
 
 def _rows(pipeline: SteeringPipeline, steered: bool) -> list[list[int]]:

