@@ -126,7 +126,7 @@ def run_provider(
     options = ProviderOptions(max_batch_size=ceiling, reasoning_tags=None, batching=batching)
     model = as_inspect_model(counting, options=options)
     connections = model.api.inspect_connections if factor is None else factor * model.api.effective_max_batch
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     (log,) = inspect_eval(
         make_task(prompts),
         model=model,
@@ -137,7 +137,7 @@ def run_provider(
         max_connections=connections,
         **log_options,
     )
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     engine = getattr(model.api.collator, "engine", None)
     occupancy = None
     if engine is not None and engine.stats.slot_steps:
@@ -153,6 +153,7 @@ def run_provider(
         "samples_s": len(log.samples) / window,
         "wall": len(prompts) / wall,
         "wall_s": wall,
+        "cpu_s": cpu,
         "tokens": useful,
         "tok_s": useful / window,
         "waste": 1 - counting.useful / counting.computed if counting.computed else 0.0,
@@ -189,7 +190,7 @@ def run_hf(
     model = get_model(f"hf/{path}", **model_args)
     handle = hook.install(model.api.model) if hook is not None else None
     try:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         (log,) = inspect_eval(
             make_task(prompts),
             model=model,
@@ -200,7 +201,7 @@ def run_hf(
             max_connections=batch,
             **log_options,
         )
-        wall = time.perf_counter() - start
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     finally:
         if handle is not None:
             handle.remove()
@@ -214,6 +215,7 @@ def run_hf(
         "samples_s": len(log.samples) / window,
         "wall": len(prompts) / wall,
         "wall_s": wall,
+        "cpu_s": cpu,
         "tokens": useful,
         "tok_s": useful / window,
         "waste": None,

@@ -22,7 +22,9 @@ round's ratio (paired within a round, so a load swing between rounds cancels; th
 
 Columns: useful tok/s (tokens returned to Inspect, or by the pipeline, per second of the sample window), samples/s,
 waste (the fraction of row-steps spent on rows that had already finished: static batches only; refill never
-decodes a finished row), and occupancy (active rows / B over the decode steps).
+decodes a finished row), occupancy (active rows / B over the decode steps), and CPU s (the process's CPU time
+for the run: every thread, Inspect's start-up and log finalization included; on a loaded machine a more stable
+measure of the work than the wall clock).
 
     .venv/bin/python benchmarks/realistic_throughput.py                    # defaults: 96 samples, B=8, 3 rounds
     .venv/bin/python benchmarks/realistic_throughput.py --samples 32 --rounds 1 --skip-hf     # quick look
@@ -117,7 +119,7 @@ def lengths_of(outputs, pad: int) -> list[int]:
 def run_raw_static(pipeline, chats, batch, max_tokens) -> dict:
     pad = pipeline.tokenizer.pad_token_id
     lengths, computed = [], 0
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for i in range(0, len(chats), batch):
         outputs = pipeline.generate(
             messages=chats[i : i + batch], return_output=True, max_new_tokens=max_tokens, do_sample=False
@@ -125,15 +127,17 @@ def run_raw_static(pipeline, chats, batch, max_tokens) -> dict:
         rows = lengths_of(outputs, pad)
         lengths += rows
         computed += len(rows) * max(rows)
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
     useful = sum(lengths)
     return {
         "tokens": useful,
         "tok_s": useful / elapsed,
         "samples_s": len(chats) / elapsed,
+        "cpu_s": cpu,
         "waste": 1 - useful / computed,
         "occupancy": None,
         "lengths": lengths,
+        "busy_ms": 1000 * elapsed / -(-len(chats) // batch),
     }
 
 
@@ -148,7 +152,7 @@ def run_raw_refill(pipeline, chats, batch, max_tokens) -> dict:
         lengths.append(int((output.output_ids[0] != pad).sum()))
 
     queue = list(chats)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     while queue or not engine.idle:
         if queue and engine.room:
             group, queue = queue[: engine.room], queue[engine.room :]
@@ -156,13 +160,14 @@ def run_raw_refill(pipeline, chats, batch, max_tokens) -> dict:
                 engine, [done] * len(group), messages=group, max_new_tokens=max_tokens, do_sample=False
             )
         engine.step()
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
     useful = sum(lengths)
     stats = engine.stats
     return {
         "tokens": useful,
         "tok_s": useful / elapsed,
         "samples_s": len(chats) / elapsed,
+        "cpu_s": cpu,
         "waste": 0.0,
         "occupancy": stats.row_steps / stats.slot_steps if stats.slot_steps else None,
         "lengths": lengths,
@@ -295,29 +300,36 @@ def main(argv: list[str] | None = None) -> int:
             f"\noutput lengths: min {ordered[0]}, median {statistics.median(ordered):.0f}, "
             f"p90 {ordered[int(0.9 * (len(ordered) - 1))]}, max {ordered[-1]}, mean {statistics.mean(ordered):.1f}"
         )
-    print(f"\n{'mode':<22}{'useful tok/s':>13}{'samples/s':>11}{'waste':>8}{'occupancy':>11}{'tokens':>8}  note")
-    table = {
-        m: {k: median_of(results[m], k) for k in ("tok_s", "samples_s", "waste", "occupancy", "tokens")} for m in modes
-    }
+    header = f"{'useful tok/s':>13}{'samples/s':>11}{'waste':>8}{'occupancy':>11}{'tokens':>8}{'CPU s':>8}"
+    print(f"\n{'mode':<22}{header}  note")
+    keys = ("tok_s", "samples_s", "waste", "occupancy", "tokens", "cpu_s")
+    table = {m: {k: median_of(results[m], k) for k in keys} for m in modes}
     notes = {}
     for mode in modes:
         if mode.startswith("provider"):
             gap = median_of(results[mode], "gap_ms")
             size = median_of(results[mode], "mean_dispatch")
             if size is not None and size == size:  # static dispatches happened (not NaN)
-                notes[mode] = f"mean dispatch {size:.2f} rows, idle {fmt(gap, '.0f')} ms between dispatches"
+                busy = median_of(results[mode], "busy_ms")
+                notes[mode] = (
+                    f"mean dispatch {size:.2f} rows, generate {fmt(busy, '.0f')} ms/dispatch, idle {fmt(gap, '.0f')} "
+                    "ms between dispatches"
+                )
             else:
                 notes[mode] = "refill loop"
+    if "raw-static" in modes:
+        notes["raw-static"] = f"generate {fmt(median_of(results['raw-static'], 'busy_ms'), '.0f')} ms/batch"
     if "hf" in modes:
         notes["hf"] = f"{len(hf_prompts)} samples per round"
     rows = [(f"{'hf/' if m == 'hf' else m}@{args.batch}", table[m], notes.get(m, "")) for m in modes]
     for name, r, note in rows:
         print(
             f"{name:<22}{fmt(r['tok_s'], '.1f'):>13}{fmt(r['samples_s'], '.2f'):>11}{fmt(r['waste'], '.2f'):>8}"
-            f"{fmt(r['occupancy'], '.2f'):>11}{fmt(r['tokens'], '.0f'):>8}  {note}"
+            f"{fmt(r['occupancy'], '.2f'):>11}{fmt(r['tokens'], '.0f'):>8}{fmt(r['cpu_s'], '.1f'):>8}  {note}"
         )
 
     pairs = [(m, "raw-static") for m in modes if m != "raw-static" and "raw-static" in table]
+    cpu_pairs = [(m, b) for m, b in pairs if table[m]["cpu_s"] and table[b]["cpu_s"]]
     pairs += [
         (a, b)
         for a, b in (("provider-refill", "provider-static"), ("provider-static", "hf"), ("provider-refill", "hf"))
@@ -332,6 +344,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{a + '/' + b:<34}{table[a]['tok_s'] / table[b]['tok_s']:>11.2f}{statistics.median(per_round):>18.2f}  "
             f"{' '.join(f'{r:.2f}' for r in per_round)}{target}"
         )
+    if cpu_pairs:
+        print("\nCPU seconds per run, b / a (the work a needs relative to b, whatever the machine's load):")
+    for a, b in cpu_pairs:
+        per_round = [y["cpu_s"] / x["cpu_s"] for x, y in zip(results[a], results[b], strict=True)]
+        print(f"{a + '/' + b:<34}{statistics.median(per_round):>11.2f}  {' '.join(f'{r:.2f}' for r in per_round)}")
     return 0
 
 
