@@ -30,6 +30,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from steer_hydra.app.console import is_tty
 from steer_hydra.app.files import locked, read_json, write_json
 from steer_hydra.app.secrets import redact
 from steer_hydra.core.backend import BackendSpec
@@ -146,6 +147,7 @@ class JobPlan:
     progress: bool
     arm_name: str = ""  # the arm's YAML `name`
     baseline_config_id: str = BASELINE_CONFIG_ID
+    experiment: str = ""  # `experiment_name`: recorded in every Inspect log's metadata
     _holder: Path | None = field(default=None, repr=False)
     _backend_identity: dict[str, Any] | None = field(default=None, repr=False)
 
@@ -204,6 +206,7 @@ class JobPlan:
             progress=plain["progress"],
             arm_name=name,
             baseline_config_id=baseline_id,
+            experiment=str(plain.get("experiment_name") or ""),
         )
 
     def protocol(self) -> dict[str, Any]:
@@ -314,9 +317,15 @@ class JobPlan:
             generate_defaults=self.generate_defaults,
             on_unsupported=self.on_unsupported,
             save_dir=self.save_dir,
-            progress=self.progress,
+            progress=self.progress and is_tty(),  # a live bar on a terminal, quiet in logs and pipes
             display=self.display,
             before_cell=self.claim_protocol,
+            log_metadata={
+                "arm_name": self.arm_name,
+                "model": self.model["name"],
+                "experiment": self.experiment,
+                "seed": self.seed,
+            },
         )
 
 

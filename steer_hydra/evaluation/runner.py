@@ -31,13 +31,17 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from tqdm.auto import tqdm
 
 from steer_hydra.core.controls import declared_scopes
-from steer_hydra.core.identity import canonical_json, derive_trial_seed, model_fingerprint
+from steer_hydra.core.identity import canonical_json, canonical_value, derive_trial_seed, model_fingerprint
 from steer_hydra.core.rendering import has_chat_template
 from steer_hydra.core.source import ModelSource
-from steer_hydra.core.sweeps import PipelineFactory, expand_configurations, preflight
+from steer_hydra.core.sweeps import (
+    PipelineFactory,
+    config_descriptor_from_controls,
+    expand_configurations,
+    preflight,
+)
 from steer_hydra.evaluation.deltas import paired_deltas
 from steer_hydra.evaluation.frames import attach_params, cells_frame, results_frame, runs_frame, summarize_runs
 from steer_hydra.evaluation.logs import samples_frame
@@ -79,11 +83,13 @@ class SteeringEval:
         on_unsupported: "raise" (one error listing every unsupported configuration) or "skip" (warn, run the rest).
         save_dir: where logs go (`save_dir/inspect_logs/...`); re-running into it resumes. None: a temporary
             directory (not resumable).
-        progress: draw a tqdm bar over the cells.
+        progress: draw a live bar over the samples (done / total, rate, ETA; `evaluation.progress`).
         display: Inspect's display inside each cell ("none", "plain", ...).
         before_cell: called as `before_cell(config_id, trial_id, suite_name, pipeline=pipeline)` once the
             configuration's pipeline is built and steered, right before each cell is evaluated (not for reused
             cells); the Hydra job claims its save_dir protocol here, so a run that fails earlier claims nothing.
+        log_metadata: extra metadata for every Inspect log header (e.g. the experiment), beside the arm, its
+            config_id, controls, trial and base model that every log carries (`inspect view` shows them).
     """
 
     def __init__(
@@ -102,6 +108,7 @@ class SteeringEval:
         progress: bool = True,
         display: str = "none",
         before_cell: Callable[..., None] | None = None,
+        log_metadata: Mapping[str, Any] | None = None,
     ) -> None:
         if not isinstance(pipelines, Mapping):
             raise TypeError(
@@ -134,6 +141,7 @@ class SteeringEval:
         self.progress = progress
         self.display = display
         self.before_cell = before_cell
+        self.log_metadata = dict(log_metadata or {})
         self._results: dict[str, list[dict[str, Any]]] | None = None
         self._log_root: Path | None = None
         self._params_by_config: dict[str, Mapping[str, Mapping[str, Any]]] = {}
@@ -189,7 +197,11 @@ class SteeringEval:
             n_cells,
         )
         factory = PipelineFactory(self.source, backend=self.backend)
-        bar = tqdm(total=n_cells, disable=not self.progress, desc="steering cells", unit="cell")
+        bar = contextlib.ExitStack()
+        if self.progress:  # registers an Inspect hook: imported only when a bar is wanted
+            from steer_hydra.evaluation.progress import sample_progress
+
+            bar.enter_context(sample_progress(enabled=True, desc="samples"))
         cell = 0
         try:
             for report in active:
@@ -205,7 +217,6 @@ class SteeringEval:
                     )
                     results[point.pipeline_name].extend(reused)
                     cell += len(reused) * len(self.suites)
-                    bar.update(len(reused) * len(self.suites))
                     continue
                 controls = point.controls_factory()
                 with factory.steered(controls) as pipeline:
@@ -233,22 +244,34 @@ class SteeringEval:
                                     log_dir=log_dir,
                                     options=self.provider_options,
                                     base_seed=seed_t,
-                                    model_name=point.config_id,
+                                    model_name=model_label(controls, point.config_id),
                                     generate_defaults=self.generate_defaults,
                                     display=self.display,
+                                    **self._log_labels(point, controls, trial),
                                 )
                             suites_out[suite.name] = {
                                 task: {**result, "log": _relative_to_root(result.get("log"), log_dir, root)}
                                 for task, result in out.items()
                             }
                             self._index_cell(root, point.config_id, trial, suite, suites_out[suite.name], static)
-                            bar.update(1)
                         results[point.pipeline_name].append(self._record(point, trial, suites_out, static))
         finally:
             bar.close()
             factory.release()
         self._results = results
         return results
+
+    def _log_labels(self, point: Any, controls: Sequence[Any], trial: int) -> dict[str, Any]:
+        """`tags` and `metadata` of a cell's Inspect logs: arm, config_id, controls, trial, base model, extras."""
+        metadata = {
+            "arm": point.pipeline_name,
+            "config_id": point.config_id,
+            "controls": canonical_value(config_descriptor_from_controls(controls)),
+            "trial": trial,
+            "base_model": self.base_model_name_or_path,
+            **self.log_metadata,
+        }
+        return {"tags": [point.pipeline_name, point.config_id], "metadata": metadata}
 
     def _trial_seed(self, config_id: str, trial: int) -> int | None:
         return derive_trial_seed(self.seed, config_id, trial) if self.seed is not None else None
@@ -457,6 +480,18 @@ def _root_log_level_kept() -> Iterator[None]:
     finally:
         if root.level != level:
             root.setLevel(level)
+
+
+def model_label(controls: Sequence[Any], config_id: str) -> str:
+    """The model name in Inspect logs (`steer_hydra/<label>`): the enabled controls' class names and the
+    config_id's first 6 characters (`pasta@ede177`), `baseline` for none.
+
+    It is a function of the config_id alone (the controls' classes are part of its digest), never of the arm's
+    display name: Inspect's task identity includes the model name, so a log directory (one per config_id) must
+    always see the same name to resume.
+    """
+    names = [type(c).__name__.lower() for c in controls if getattr(c, "enabled", True)]
+    return f"{'+'.join(names)}@{config_id[:6]}" if names else config_id
 
 
 def _relative_to_root(log: str | None, log_dir: Path, root: Path) -> str | None:

@@ -53,7 +53,7 @@ class FakeSuite:
         self.calls = []
         self.events = events if events is not None else []
 
-    def run(self, pipeline, *, log_dir, options, base_seed, model_name, generate_defaults, display):
+    def run(self, pipeline, *, log_dir, options, base_seed, model_name, generate_defaults, display, **labels):
         self.calls.append(
             SimpleNamespace(
                 pipeline=pipeline,
@@ -216,8 +216,9 @@ def test_loop_nesting_seeds_log_dirs_and_forwarded_arguments(fake_factory, tmp_p
     )
     results = ev.run()
     sys_id = results["sys"][0]["config_id"]
+    labels = {"baseline": "baseline", sys_id: f"systemprompt@{sys_id[:6]}"}  # the model name in the logs
     expected = [
-        (config, suite, derive_trial_seed(5, config, trial))
+        (labels[config], suite, derive_trial_seed(5, config, trial))
         for config in ("baseline", sys_id)
         for trial in (0, 1)
         for suite in ("capability", "target")
@@ -311,22 +312,24 @@ def test_provenance_names_batch_ceiling_inert_static_kwargs_and_vectors(fake_fac
 
 
 def test_summary_and_cell_lines_and_progress_bar(fake_factory, tmp_path, caplog, monkeypatch):
+    import steer_hydra.evaluation.progress as progress_module
+
     bars = []
-    real_tqdm = runner_module.tqdm
+    real_tqdm = progress_module.tqdm
 
     def spy(*args, **kwargs):
         bars.append(kwargs)
         return real_tqdm(*args, **kwargs)
 
-    monkeypatch.setattr(runner_module, "tqdm", spy)
+    monkeypatch.setattr(progress_module, "tqdm", spy)
     ev = _eval(tmp_path, {"baseline": [], "sys": [SystemPrompt(text="x")]}, num_trials=2)
     with caplog.at_level(logging.INFO, logger="steer_hydra.evaluation.runner"):
         ev.run()
     assert "Evaluating 2 configuration(s) x 2 trial(s) x 1 suite(s) = 4 cell(s)" in caplog.text
     assert [f"Cell {i}/4" in caplog.text for i in range(1, 5)] == [True] * 4
-    assert bars[0]["total"] == 4 and bars[0]["disable"] is True
+    assert bars == []  # progress=False: no bar at all
     _eval(tmp_path, progress=True).run()
-    assert bars[1]["disable"] is False
+    assert len(bars) == 1 and bars[0]["unit"] == "sample"
 
 
 def test_the_callers_log_level_survives_inspect(fake_factory, tmp_path):
