@@ -244,7 +244,7 @@ class SteeringEval:
                                     log_dir=log_dir,
                                     options=self.provider_options,
                                     base_seed=seed_t,
-                                    model_name=model_label(controls, point.config_id),
+                                    model_name=_logged_model_name(log_dir) or model_label(controls, point.config_id),
                                     generate_defaults=self.generate_defaults,
                                     display=self.display,
                                     **self._log_labels(point, controls, trial),
@@ -492,6 +492,22 @@ def model_label(controls: Sequence[Any], config_id: str) -> str:
     """
     names = [type(c).__name__.lower() for c in controls if getattr(c, "enabled", True)]
     return f"{'+'.join(names)}@{config_id[:6]}" if names else config_id
+
+
+def _logged_model_name(log_dir: Path) -> str | None:
+    """The model name (after `steer_hydra/`) of a log already in the cell's `log_dir`, None when there is none.
+
+    Resuming needs the same task identity, which includes the model name: a cell begun under another naming
+    (e.g. before `model_label`, when the name was the config_id) keeps the name it started with.
+    """
+    if not log_dir.is_dir() or not any(log_dir.rglob("*.eval")):
+        return None
+    from inspect_ai.log import list_eval_logs, read_eval_log
+
+    for info in list_eval_logs(str(log_dir), recursive=True):
+        model = str(read_eval_log(info, header_only=True).eval.model)
+        return model.split("/", 1)[1] if "/" in model else model
+    return None
 
 
 def _relative_to_root(log: str | None, log_dir: Path, root: Path) -> str | None:

@@ -413,3 +413,18 @@ def test_complete_cells_are_reused_without_loading_a_model(tmp_path, monkeypatch
     changed = _small_eval(tmp_path, generate_defaults={"temperature": 0, "top_p": 0.5})  # another cell key
     with pytest.raises(AssertionError, match="a model was loaded"):
         changed.run()
+
+
+def test_a_cell_with_logs_keeps_the_model_name_it_started_with(tmp_path):
+    from inspect_ai import Task
+    from inspect_ai import eval as inspect_eval
+    from inspect_ai.dataset import Sample
+
+    from steer_hydra.evaluation.runner import _logged_model_name, model_label
+
+    assert _logged_model_name(tmp_path / "missing") is None and _logged_model_name(tmp_path) is None
+    inspect_eval(Task(dataset=[Sample(input="q", target="a")]), model="mockllm/c8fe56c3a0a1", log_dir=str(tmp_path),
+                 display="none")  # fmt: skip
+    assert _logged_model_name(tmp_path) == "c8fe56c3a0a1"  # resume keeps it: Inspect's task identity includes it
+    assert model_label([SystemPrompt(text="x")], "c8fe56c3a0a1") == "systemprompt@c8fe56"
+    assert model_label([], "baseline") == "baseline"
