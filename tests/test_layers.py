@@ -86,9 +86,10 @@ def upward_edges(root: Path) -> list[str]:
             if by_string and (path.relative_to(root).as_posix(), target) in SEAMS:
                 continue
             how = "names by string" if by_string else "imports"
+            allowed = ", ".join(sorted(ALLOWED[source])) or "no other layer"
             problems.append(
                 f"{path.relative_to(root.parent).as_posix()}:{line}: {source} {how} {module} ({target}); "
-                f"{source} may import only {sorted(ALLOWED[source]) or 'nothing else'}"
+                f"{source} may import {allowed}"
             )
     return problems
 
