@@ -366,7 +366,7 @@ class StudySelection(Callback):
 
     def _track(self, config: DictConfig, out_dir: Path, out: Mapping[str, Any]) -> None:
         from steer_hydra.app.plan import to_plain
-        from steer_hydra.app.tracking import Tracker
+        from steer_hydra.app.tracking import Tracker, wandb_key
 
         logger_cfg = to_plain(OmegaConf.select(config, "logger") or {"kind": "none"})
         if logger_cfg.get("kind") == "none":
@@ -391,10 +391,10 @@ class StudySelection(Callback):
                     if hasattr(r, key)
                 }
             )
-            tracker.table("study_results", results)
-            tracker.table("selection", out["choices"])
+            tracker.table(wandb_key("tables", "study_results"), results)
+            tracker.table(wandb_key("tables", "selection"), out["choices"])
             if not out["costs"].empty:
-                tracker.table("capability_costs", out["costs"])
+                tracker.table(wandb_key("tables", "capability_costs"), out["costs"])
             exit_code = 0
         finally:
             tracker.finish(exit_code)
