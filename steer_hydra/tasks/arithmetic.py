@@ -1,8 +1,10 @@
-"""`steer_hydra/arithmetic`: small arithmetic (sums, differences, products) scored on the first number answered.
+"""`steer_hydra/arithmetic`: small arithmetic (sums, differences, products) scored on the number answered.
 
 72 problems generated from a fixed seed (ids `ar-01`...`ar-72`): operands below 20 (products below 10), so a
-small instruct model can meet them and a steering method's cost shows. `number_match` reads the first integer in
-the answer (digits, or a number word from zero to twenty) and compares it with the target.
+small instruct model can meet them and a steering method's cost shows. `number_match` reads the answered number
+(`answer_number`: the first integer - digits, or a number word from zero to twenty - after a restated expression
+such as "14 - 3 = 11" or "3 times 3 is 9", which SmolLM2 writes for most problems; otherwise the first integer of
+the answer) and compares it with the target.
 """
 
 from __future__ import annotations
@@ -24,6 +26,11 @@ NUMBER_WORDS = (
     "seventeen eighteen nineteen twenty"
 ).split()
 _NUMBER = re.compile(r"-?\d+|\b(?:" + "|".join(NUMBER_WORDS) + r")\b", re.IGNORECASE)
+# "12 + 6 =", "3 times 3 is", "2 * 3 equals": an operand, an operator, an operand, then what introduces the result
+_RESTATED = re.compile(
+    r"^\D*?-?\d+\s*(?:\+|-|\u2212|\*|x|\u00d7|times|plus|minus|multiplied by)\s*-?\d+\s*(?:=|is|equals|makes)",
+    re.IGNORECASE,
+)
 
 
 def arithmetic_problems() -> list[tuple[str, int]]:
@@ -61,13 +68,19 @@ def first_number(text: str) -> int | None:
     return NUMBER_WORDS.index(token) if token in NUMBER_WORDS else int(token)
 
 
+def answer_number(text: str) -> int | None:
+    """The answered number: the first integer after a restated expression ("14 - 3 = 11" -> 11), else the first."""
+    restated = _RESTATED.match(text)
+    return first_number(text[restated.end() :]) if restated else first_number(text)
+
+
 @scorer(metrics=[accuracy(), stderr()])
 def number_match():
-    """C when the first number in the answer equals the target."""
+    """C when the answered number (`answer_number`) equals the target."""
 
     async def score(state: TaskState, target: Target) -> Score:
         text = state.output.completion
-        value = first_number(text)
+        value = answer_number(text)
         ok = value is not None and str(value) == target.text.strip()
         return Score(value=CORRECT if ok else INCORRECT, answer=text, explanation=f"read {value}")
 
@@ -76,7 +89,7 @@ def number_match():
 
 @builtin_task
 def arithmetic() -> Task:
-    """Small arithmetic; the first number in the answer is scored."""
+    """Small arithmetic; the answered number is scored (see `answer_number`)."""
     return Task(
         dataset=MemoryDataset(arithmetic_samples(), name="arithmetic"),
         solver=[generate()],

@@ -7,7 +7,7 @@ from inspect_ai import eval as inspect_eval
 
 from steer_hydra.evaluation.provider import as_inspect_model
 from steer_hydra.tasks import mcqa
-from steer_hydra.tasks.arithmetic import first_number
+from steer_hydra.tasks.arithmetic import answer_number, first_number
 from steer_hydra.tasks.concept_steering import (
     DEV_SIZE,
     concept_samples,
@@ -82,6 +82,23 @@ def test_a_sentence_starting_with_the_article_a_is_not_option_a():
 @pytest.mark.parametrize(("text", "value"), [("19", 19), ("It is 7.", 7), ("twelve", 12), ("no idea", None)])
 def test_first_number(text, value):
     assert first_number(text) == value
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("14 - 3 = 11", 11),  # SmolLM2 restates the problem: the operands are not the answer
+        ("3 times 3 is 9.", 9),
+        ("2 * 3 = 6", 6),
+        ("18 - 8 = 1.", 1),  # a wrong answer stays wrong
+        ("The sum: 12 + 6 equals eighteen", 18),
+        ("19", 19),
+        ("It is 7, since 3 + 4 = 7", 7),  # no restatement first: the first number
+        ("12 + 6 = ", None),
+    ],
+)
+def test_answer_number_skips_a_restated_expression(text, value):
+    assert answer_number(text) == value
 
 
 def test_strict_choice_scoring_is_still_available(make_pipeline, tmp_path):
