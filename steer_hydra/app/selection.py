@@ -1,15 +1,18 @@
 """Held-out strength selection (AxBench's protocol): choose each arm's strength on dev, report it on test.
 
-How it runs: a study evaluates every (arm, strength) on both splits of a task whose samples carry a `split`
-(the built-in `concept_steering`). `select_strengths(dev, objective)` sees only dev rows (it refuses any other
+How it runs: the study sweeper (`hydra_plugins/steer_hydra_study`) evaluates each method arm at every strength
+on the dev split of a task whose samples carry a `split` (the built-in `concept_steering`), asks
+`StudySelection.choose` for the strengths, then evaluates every arm at its chosen strength on test and on the cost
+suites, and calls `StudySelection.report`. `select_strengths(dev, objective)` sees only dev rows (it refuses any other
 split) and picks, per arm, the strength with the best mean objective (ties go to the smaller strength). Sanity
 arms (`caa_random`, `caa_negated`) are not tuned: `follows` maps them to the arm whose choice they take, so a
 control is compared at the strength its method was chosen at. `report_selected(test, choices, ...)` keeps each
 arm's test rows at its chosen strength and computes the statistics of `evaluation.stats` against the baseline.
 `study_frame(save_dir)` builds the per-sample frame from a study's logs (an arm's display name `name@config_id`
 counts as arm `name`); `write_study` writes `selection.csv`, `study_results.csv` and `selection.json` (the
-objective, the choices and both splits' sample ids: the provenance of the choice). `StudySelection` is the Hydra
-callback an `experiment=` preset adds to run all of it at the end of its multirun and log it to W&B.
+objective, the choices and both splits' sample ids: the provenance of the choice) and, with cost suites,
+`capability_costs.csv` (`report_costs`). `StudySelection` runs all of it and logs it to W&B; as a Hydra callback it
+reports a plain grid multirun that evaluated every strength on both splits.
 """
 
 from __future__ import annotations
