@@ -315,6 +315,9 @@ class SweepAggregator(Callback):
         if not self._jobs:
             return
         total, done, started = self._jobs
+        launched = Path(str(OmegaConf.select(config, "hydra.sweep.dir") or ".")) / "launched_jobs.json"
+        if launched.is_file():  # a sweeper that plans as it goes (the study sweeper): the jobs launched so far
+            total = self._jobs[0] = max(total, len(read_json(launched)))
         done += 1
         self._jobs[1] = done
         elapsed = time.monotonic() - started

@@ -95,6 +95,7 @@ def test_the_study_runs_in_one_command(run_app, tmp_path):
         timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Sweep: 7/7 job(s) done" in proc.stdout + proc.stderr  # progress counts the jobs the sweeper launched
     (sweep,) = (tmp_path / "outputs" / "concept_steering" / "multiruns").iterdir()
     launched = json.loads((sweep / LAUNCHED_FILE).read_text())
     suites = [_suite(job) for job in launched]
