@@ -2,8 +2,9 @@
 
 Invariants:
 - one Inspect model per `run()` (`as_inspect_model`), so a suite never reuses another configuration's model;
-- `max_connections` is passed to `eval_set` explicitly (the provider's batch ceiling unless the caller gives one):
-  Inspect's adaptive concurrency ignores the provider's own `max_connections()` otherwise;
+- `max_connections` is passed to `eval_set` explicitly (the provider's `inspect_connections`, twice its batch
+  ceiling so the next batch is queued while one decodes, unless the caller gives one): Inspect's adaptive
+  concurrency ignores the provider's own `max_connections()` otherwise;
 - `eval_set` gives task retry and log-based resume: a re-run into the same `log_dir` completes only the missing
   samples. Give every (configuration, trial, suite) cell its own `log_dir` (a different task identity in the same
   directory is refused by Inspect);
