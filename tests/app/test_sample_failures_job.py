@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-TASK_FILE = '''
+TASK_FILE = """
 import os
 from pathlib import Path
 
@@ -31,7 +31,7 @@ def fragile():
 def fragile_task():
     samples = [Sample(id=i, input=f"question {i}", target="x") for i in range(1, 8)]
     return Task(dataset=MemoryDataset(samples), solver=generate(), scorer=fragile())
-'''
+"""
 
 
 def _rows(path: Path) -> list[dict]:
