@@ -300,13 +300,13 @@ class SweepAggregator(Callback):
 
     def __init__(self) -> None:
         self._pending: tuple[str, DictConfig] | None = None
-        self._jobs: list[Any] = []  # [total, done, started_at] of a sweep whose jobs run in this process
+        self._jobs: list[Any] = []  # [total, done, started_at, sweep_dir] of a sweep whose jobs run in this process
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._pending = (str(config.hydra.sweep.dir), config)
         atexit.register(self._after_failure)
         try:
-            self._jobs = [len(expected_jobs(config)), 0, time.monotonic()]
+            self._jobs = [len(expected_jobs(config)), 0, time.monotonic(), Path(str(config.hydra.sweep.dir))]
         except Exception:  # noqa: BLE001 - progress lines only; a sweeper this cannot split shows none
             self._jobs = []
 
@@ -314,8 +314,8 @@ class SweepAggregator(Callback):
         """A sweep whose jobs run in this process (the basic launcher): `Sweep: k/N job(s) done, ETA ...`."""
         if not self._jobs:
             return
-        total, done, started = self._jobs
-        launched = Path(str(OmegaConf.select(config, "hydra.sweep.dir") or ".")) / "launched_jobs.json"
+        total, done, started, sweep_dir = self._jobs
+        launched = sweep_dir / "launched_jobs.json"
         if launched.is_file():  # a sweeper that plans as it goes (the study sweeper): the jobs launched so far
             total = self._jobs[0] = max(total, len(read_json(launched)))
         done += 1
