@@ -105,6 +105,29 @@ def sample_window_rate(log) -> float:
     return len(log.samples) / sample_window_seconds(log)
 
 
+def timed_eval(
+    model: Any, prompts: list[str], max_tokens: int, connections: int, log_dir: Path, log_options: dict[str, Any]
+) -> tuple[Any, float, float]:
+    """One greedy `inspect_ai.eval` of the prompts task on `model`: `(log, wall seconds, CPU seconds)`."""
+    start, cpu = time.perf_counter(), time.process_time()
+    (log,) = inspect_eval(
+        make_task(prompts),
+        model=model,
+        display="none",
+        log_dir=str(log_dir),
+        temperature=0,
+        max_tokens=max_tokens,
+        max_connections=connections,
+        **log_options,
+    )
+    return log, time.perf_counter() - start, time.process_time() - cpu
+
+
+def check_success(log: Any, what: str) -> None:
+    if log.status != "success":
+        raise RuntimeError(f"{what} eval failed: {log.error}")
+
+
 def run_provider(
     pipeline: Any,
     prompts: list[str],
@@ -126,25 +149,13 @@ def run_provider(
     options = ProviderOptions(max_batch_size=ceiling, reasoning_tags=None, batching=batching)
     model = as_inspect_model(counting, options=options)
     connections = model.api.inspect_connections if factor is None else factor * model.api.effective_max_batch
-    start, cpu = time.perf_counter(), time.process_time()
-    (log,) = inspect_eval(
-        make_task(prompts),
-        model=model,
-        display="none",
-        log_dir=str(log_dir),
-        temperature=0,
-        max_tokens=max_tokens,
-        max_connections=connections,
-        **log_options,
-    )
-    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    log, wall, cpu = timed_eval(model, prompts, max_tokens, connections, log_dir, log_options)
     engine = getattr(model.api.collator, "engine", None)
     occupancy = None
     if engine is not None and engine.stats.slot_steps:
         occupancy = engine.stats.row_steps / engine.stats.slot_steps
     model.api.close()
-    if log.status != "success":
-        raise RuntimeError(f"provider eval failed: {log.error}")
+    check_success(log, "provider")
     window = sample_window_seconds(log)
     useful = sum(s.output.usage.output_tokens for s in log.samples if s.output and s.output.usage)
     busy_ms, gap_ms = counting.timing_ms()
@@ -190,23 +201,11 @@ def run_hf(
     model = get_model(f"hf/{path}", **model_args)
     handle = hook.install(model.api.model) if hook is not None else None
     try:
-        start, cpu = time.perf_counter(), time.process_time()
-        (log,) = inspect_eval(
-            make_task(prompts),
-            model=model,
-            display="none",
-            log_dir=str(log_dir),
-            temperature=0,
-            max_tokens=max_tokens,
-            max_connections=batch,
-            **log_options,
-        )
-        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+        log, wall, cpu = timed_eval(model, prompts, max_tokens, batch, log_dir, log_options)
     finally:
         if handle is not None:
             handle.remove()
-    if log.status != "success":
-        raise RuntimeError(f"hf/ eval failed: {log.error}")
+    check_success(log, "hf/")
     window = sample_window_seconds(log)
     tokenizer = model.api.tokenizer
     useful = sum(len(tokenizer(s.output.completion, add_special_tokens=False)["input_ids"]) for s in log.samples)
