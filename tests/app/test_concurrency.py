@@ -1,4 +1,5 @@
-"""Concurrent jobs in one save_dir: several processes at once (different arms, same suite and seed), several times."""
+"""Concurrent jobs in one save_dir: four processes at once (different arms, same suite and seed) racing for the
+protocol claim and the shared files of a fresh save_dir."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from app_helpers import FAST
 from steer_hydra.app import job as job_module
 
 ARMS = ["baseline", "pasta", "system_prompt", "few_shot"]
-ONE_TASK = [*FAST, "suite.tasks=[steer_hydra/short_answer]"]  # one task keeps 2 rounds x 4 processes short
+ONE_TASK = [*FAST, "suite.tasks=[steer_hydra/short_answer]"]  # one task keeps 4 processes short
 
 
 def _values(path):
@@ -36,48 +37,48 @@ def test_parallel_jobs_into_one_save_dir_all_finish_and_equal_a_sequential_run(c
 
     env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "1"}
     env.pop("PYTEST_CURRENT_TEST", None)
-    # two fresh save_dirs: every job races for the protocol claim and the shared files
-    for experiment in ["round1", "round2"]:
-        procs = {
-            arm: subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "steer_hydra",
-                    f"arm={arm}",
-                    *ONE_TASK,
-                    "logger=none",
-                    f"output_root={tmp_path / 'par'}",
-                    f"experiment_name={experiment}",
-                    f"hydra.run.dir={tmp_path / 'par' / experiment / 'runs' / arm}",
-                ],
-                cwd=tmp_path,
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for arm in ARMS
-        }
-        errors = {arm: proc.communicate(timeout=600)[1] for arm, proc in procs.items()}
-        for arm, proc in procs.items():
-            assert proc.returncode == 0, (experiment, arm, errors[arm][-3000:])
-        save_dir = tmp_path / "par" / experiment / "tiny" / "seed_0"
-        json.loads((save_dir / "protocol" / "smoke.json").read_text())  # whole, valid files
-        configs = [json.loads(p.read_text()) for p in (save_dir / "configs").glob("*.json")]
-        assert sorted(c["arm"] for c in configs) == sorted(ARMS)
-        for arm in ARMS:
-            run_dir = tmp_path / "par" / experiment / "runs" / arm
-            record = json.loads((run_dir / "job_record.json").read_text())
-            cells = save_dir / "cells" / record["config_id"] / "trial_0" / "smoke.json"
-            assert len(json.loads(cells.read_text())["tasks"]) == 1  # every cell complete
-            assert _values(run_dir / "results.csv") == sequential[arm]
-            assert record["results_reused"] is False
-            if arm == "baseline":
-                continue
-            path = run_dir / "paired_deltas.csv"
-            deltas = list(csv.DictReader(path.open())) if path.exists() else []
-            assert {r["config_id"] for r in deltas} <= {record["config_id"]}
-            # the baseline may still be running: the tasks it lacks are named, the others have deltas
-            covered = {f"smoke/{r['task']}" for r in deltas}
-            assert covered | set(record["tasks_without_baseline"]) == {"smoke/steer_hydra/short_answer"}
+    # a fresh save_dir: every job races for the protocol claim and the shared files
+    experiment = "race"
+    procs = {
+        arm: subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "steer_hydra",
+                f"arm={arm}",
+                *ONE_TASK,
+                "logger=none",
+                f"output_root={tmp_path / 'par'}",
+                f"experiment_name={experiment}",
+                f"hydra.run.dir={tmp_path / 'par' / experiment / 'runs' / arm}",
+            ],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for arm in ARMS
+    }
+    errors = {arm: proc.communicate(timeout=600)[1] for arm, proc in procs.items()}
+    for arm, proc in procs.items():
+        assert proc.returncode == 0, (experiment, arm, errors[arm][-3000:])
+    save_dir = tmp_path / "par" / experiment / "tiny" / "seed_0"
+    json.loads((save_dir / "protocol" / "smoke.json").read_text())  # whole, valid files
+    configs = [json.loads(p.read_text()) for p in (save_dir / "configs").glob("*.json")]
+    assert sorted(c["arm"] for c in configs) == sorted(ARMS)
+    for arm in ARMS:
+        run_dir = tmp_path / "par" / experiment / "runs" / arm
+        record = json.loads((run_dir / "job_record.json").read_text())
+        cells = save_dir / "cells" / record["config_id"] / "trial_0" / "smoke.json"
+        assert len(json.loads(cells.read_text())["tasks"]) == 1  # every cell complete
+        assert _values(run_dir / "results.csv") == sequential[arm]
+        assert record["results_reused"] is False
+        if arm == "baseline":
+            continue
+        path = run_dir / "paired_deltas.csv"
+        deltas = list(csv.DictReader(path.open())) if path.exists() else []
+        assert {r["config_id"] for r in deltas} <= {record["config_id"]}
+        # the baseline may still be running: the tasks it lacks are named, the others have deltas
+        covered = {f"smoke/{r['task']}" for r in deltas}
+        assert covered | set(record["tasks_without_baseline"]) == {"smoke/steer_hydra/short_answer"}

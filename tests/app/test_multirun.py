@@ -1,5 +1,5 @@
-"""Sweeps: one job per override combination, aggregation against the baseline, resume, submitit_local, a killed
-job (the aggregate of the rest names it), and re-aggregation from the sweep directory."""
+"""Sweeps: one job per override combination, aggregation against the baseline, resume, submitit_local (a process
+per job; a killed job is named by the aggregate of the rest), and re-aggregation from the sweep directory."""
 
 from __future__ import annotations
 
@@ -77,14 +77,6 @@ def test_multirun_in_one_process_with_flat_memory_then_resumes_without_new_sampl
     assert [r["metrics"] for r in _records(second)] == [r["metrics"] for r in records]
 
 
-@pytest.mark.slow
-def test_multirun_with_submitit_local_runs_each_job_in_its_own_process(run_app, tmp_path):
-    proc = run_app(*SWEEP, "hydra/launcher=submitit_local", timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    records = _check_sweep(_sweep_dir(tmp_path))
-    assert len({r["memory_after_release"]["pid"] for r in records}) == 4  # own processes, own output dirs
-
-
 KILLER = """
 import os
 import signal
@@ -101,7 +93,7 @@ class Killer(InputControl):
 
 
 @pytest.mark.slow
-def test_a_killed_job_leaves_an_aggregate_of_the_rest_that_names_it(run_app, tmp_path):
+def test_submitit_local_runs_jobs_in_their_own_processes_and_a_killed_one_is_named(run_app, tmp_path):
     conf = tmp_path / "user_conf" / "arm"
     conf.mkdir(parents=True)
     (conf / "killer.yaml").write_text(
@@ -114,6 +106,9 @@ def test_a_killed_job_leaves_an_aggregate_of_the_rest_that_names_it(run_app, tmp
     proc = run_app(*args, searchpath, env=env, timeout=600)
     assert proc.returncode != 0
     sweep = _sweep_dir(tmp_path)
+    records = _records(sweep)
+    assert sorted(r["arm"] for r in records) == ["baseline", "pasta"]
+    assert len({r["memory_after_release"]["pid"] for r in records}) == 2  # each job in its own process
     deltas = list(csv.DictReader((sweep / "aggregate" / "paired_deltas.csv").open()))
     assert deltas and {r["arm"] for r in deltas} == {"pasta"}
     (missing,) = json.loads((sweep / "aggregate" / "missing_cells.json").read_text())
