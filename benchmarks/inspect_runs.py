@@ -160,7 +160,6 @@ def run_provider(
     useful = sum(s.output.usage.output_tokens for s in log.samples if s.output and s.output.usage)
     busy_ms, gap_ms = counting.timing_ms()
     return {
-        "samples": len(log.samples) / window,
         "samples_s": len(log.samples) / window,
         "wall": len(prompts) / wall,
         "wall_s": wall,
@@ -210,7 +209,6 @@ def run_hf(
     tokenizer = model.api.tokenizer
     useful = sum(len(tokenizer(s.output.completion, add_special_tokens=False)["input_ids"]) for s in log.samples)
     return {
-        "samples": len(log.samples) / window,
         "samples_s": len(log.samples) / window,
         "wall": len(prompts) / wall,
         "wall_s": wall,

@@ -19,7 +19,7 @@ for provider/raw (what the provider and collator control) and `wall` for provide
     .venv/bin/python benchmarks/provider_throughput.py                 # defaults: 256 samples, 64 new tokens
     .venv/bin/python benchmarks/provider_throughput.py --samples 128 --hf-samples 64 --rounds 1
 
-Targets: provider/raw >= 0.85, provider/hf >= 3.
+Targets (issue 16): provider/raw >= 0.95 with Inspect's default logs (0.90 on a GPU), provider/hf >= 3.
 
 Reading the notes: "generate ms/call" is the pipeline's time per dispatch and "idle ms between calls" is the time
 the model waits between dispatches. Under the provider that idle time is Inspect finishing one batch's samples
@@ -98,11 +98,11 @@ def run_raw(pipeline, prompts, batch, max_tokens) -> dict:
     elapsed = time.perf_counter() - start
     rate = len(prompts) / elapsed
     batches = -(-len(chats) // batch)
-    return {"wall": rate, "samples": rate, "tokens": tokens, "busy_ms": 1000 * elapsed / batches, "gap_ms": 0.0}
+    return {"wall": rate, "samples_s": rate, "tokens": tokens, "busy_ms": 1000 * elapsed / batches, "gap_ms": 0.0}
 
 
 def best(results: list[dict]) -> dict:
-    return max(results, key=lambda r: r["samples"])
+    return max(results, key=lambda r: r["samples_s"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,8 +157,8 @@ def main(argv: list[str] | None = None) -> int:
                 run_provider(pipeline, serial_prompts, ceiling=1, log_dir=root / f"s{round_index}", **common)
             )
             print(
-                f"round {round_index + 1}: raw {results['raw'][-1]['samples']:.1f}/s, provider@{args.batch} "
-                f"{results['provider'][-1]['samples']:.1f}/s, provider@1 {results['serial'][-1]['samples']:.1f}/s",
+                f"round {round_index + 1}: raw {results['raw'][-1]['samples_s']:.1f}/s, provider@{args.batch} "
+                f"{results['provider'][-1]['samples_s']:.1f}/s, provider@1 {results['serial'][-1]['samples_s']:.1f}/s",
                 flush=True,
             )
         hf = None
@@ -179,22 +179,28 @@ def main(argv: list[str] | None = None) -> int:
     def timing(result: dict) -> str:
         return f"generate {result['busy_ms']:.0f} ms/call, idle {result['gap_ms']:.0f} ms between calls"
 
+    def dispatches(result: dict) -> str:  # no static dispatch under refill
+        if result["mean_dispatch"] is None:
+            return "refill loop"
+        return f"mean dispatch {result['mean_dispatch']:.2f}; {timing(result)}"
+
     rows = [
-        (f"(a) provider@{args.batch}", provider, f"mean dispatch {provider['mean_dispatch']:.2f}; {timing(provider)}"),
+        (f"(a) provider@{args.batch}", provider, dispatches(provider)),
         (f"(b) raw@{args.batch}", raw, timing(raw)),
-        ("(c) provider@1", serial, f"mean dispatch {serial['mean_dispatch']:.2f}; {timing(serial)}"),
+        ("(c) provider@1", serial, dispatches(serial)),
     ]
     if hf is not None:
         rows.append((f"(d) hf/@{args.batch}", hf, f"{len(hf_prompts)} samples"))
     print(f"\n{'mode':<18}{'samples/s':>11}{'wall/s':>9}{'out tokens':>12}  note")
     for name, result, note in rows:
-        print(f"{name:<18}{result['samples']:>11.2f}{result['wall']:>9.2f}{result['tokens']:>12}  {note}")
-    print(f"\nprovider/raw (samples window)  {provider['samples'] / raw['samples']:.2f}   target >= 0.85")
+        print(f"{name:<18}{result['samples_s']:>11.2f}{result['wall']:>9.2f}{result['tokens']:>12}  {note}")
+    ratio = provider["samples_s"] / raw["samples_s"]
+    print(f"\nprovider/raw (samples window)  {ratio:.2f}   target >= 0.95 (0.90 on a GPU)")
     print(f"provider/raw (wall)            {provider['wall'] / raw['wall']:.2f}")
-    print(f"provider@{args.batch}/provider@1          {provider['samples'] / serial['samples']:.2f}")
+    print(f"provider@{args.batch}/provider@1          {provider['samples_s'] / serial['samples_s']:.2f}")
     if hf is not None:
         print(f"provider/hf (wall)             {provider['wall'] / hf['wall']:.2f}   target >= 3")
-        print(f"provider/hf (samples window)   {provider['samples'] / hf['samples']:.2f}")
+        print(f"provider/hf (samples window)   {provider['samples_s'] / hf['samples_s']:.2f}")
     return 0
 
 

@@ -108,12 +108,12 @@ step pytest_gpu 90 pytest.txt "$PY" -m pytest $GPU_TESTS -m "gpu and not vllm" -
 step overhead 140:60 overhead.txt "$PY" benchmarks/gpu/steering_overhead.py --device $DEVICE --dtype $DTYPE \
   $OVERHEAD_ARGS --budget-s 110 --out "$OUT/overhead.json"
 
-# 3. provider vs raw vs hf/ (fixed length), default logs then lean logs
+# 3. provider vs raw vs hf/ (fixed length), default logs then lean logs; the provider as users get it (static
+#    batching, max_connections = its inspect_connections); refill through the provider is in step 4
 step provider_default 80:40 provider_default.txt "$PY" benchmarks/gpu/on_device.py --shape $SHAPE --device $DEVICE \
-  --dtype $DTYPE --benchmark provider_throughput -- $PROVIDER_ARGS --threads $THREADS --batching refill --connections-factor 2
+  --dtype $DTYPE --benchmark provider_throughput -- $PROVIDER_ARGS --threads $THREADS
 step provider_lean 50:30 provider_lean.txt "$PY" benchmarks/gpu/on_device.py --shape $SHAPE --device $DEVICE \
-  --dtype $DTYPE --benchmark provider_throughput -- $PROVIDER_ARGS --threads $THREADS --batching refill --connections-factor 2 \
-  --lean-logs --rounds 1 --skip-hf
+  --dtype $DTYPE --benchmark provider_throughput -- $PROVIDER_ARGS --threads $THREADS --lean-logs --rounds 1 --skip-hf
 
 # 4. static vs refill on the long-tailed workload
 step realistic 80:40 realistic.txt "$PY" benchmarks/gpu/on_device.py --shape $SHAPE --device $DEVICE --dtype $DTYPE \
@@ -121,7 +121,7 @@ step realistic 80:40 realistic.txt "$PY" benchmarks/gpu/on_device.py --shape $SH
 
 {
   echo "--- env"; grep -E "^(python|torch|imports ok|  unmet)" "$OUT/env.txt" 2>/dev/null
-  echo "--- pytest"; grep -E "agreement|passed|failed|error" "$OUT/pytest.txt" 2>/dev/null | tail -6
+  echo "--- pytest"; grep -E "agreement|passed|skipped|failed|error" "$OUT/pytest.txt" 2>/dev/null | tail -6
   echo "--- overhead"; sed -n '/^STEERING OVERHEAD/,$p' "$OUT/overhead.txt" 2>/dev/null | head -20
   echo "--- provider (default logs)"; sed -n '/^mode /,$p' "$OUT/provider_default.txt" 2>/dev/null | head -14
   echo "--- provider (lean logs)"; sed -n '/^mode /,$p' "$OUT/provider_lean.txt" 2>/dev/null | head -14
