@@ -1,4 +1,4 @@
-"""Concurrent jobs in one save_dir: four processes at once (different arms, same suite and seed) racing for the
+"""Concurrent jobs in one save_dir: three processes at once (different arms, same suite and seed) racing for the
 protocol claim and the shared files of a fresh save_dir."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from app_helpers import FAST
 
 from steer_hydra.app import job as job_module
 
-ARMS = ["baseline", "pasta", "system_prompt", "few_shot"]
-ONE_TASK = [*FAST, "suite.tasks=[steer_hydra/short_answer]"]  # one task keeps 4 processes short
+ARMS = ["baseline", "pasta", "system_prompt"]
+ONE_TASK = [*FAST, "suite.tasks=[steer_hydra/short_answer]"]  # one task keeps 3 processes short
 
 
 def _values(path):
