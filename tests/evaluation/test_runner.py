@@ -302,7 +302,8 @@ def test_provenance_names_batch_ceiling_inert_static_kwargs_and_vectors(fake_fac
 
     actadd = ActAdd()
     options = ProviderOptions(max_batch_size=4, runtime_kwargs={"substrings": ["x"], "positive_examples": []})
-    results = _eval(tmp_path, {"actadd": [actadd], "few": [FewShot()]}, provider_options=options).run()
+    with pytest.warns(UserWarning, match=r"\['substrings'\] .* inert on every arm"):
+        results = _eval(tmp_path, {"actadd": [actadd], "few": [FewShot()]}, provider_options=options).run()
     act, few = results["actadd"][0]["provenance"], results["few"][0]["provenance"]
     assert act["effective_max_batch"] == 1 and few["effective_max_batch"] == 4
     assert act["inert_static_runtime_kwargs"] == ["positive_examples", "substrings"]
