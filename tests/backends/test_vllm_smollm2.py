@@ -8,13 +8,11 @@ backends as a given vector at the same layer and multiplier: what a vLLM arm doe
 from __future__ import annotations
 
 import pytest
-from inspect_ai import eval as inspect_eval
-from vllm_real import MIN_AGREEMENT, agreement, steered
+from vllm_real import MIN_AGREEMENT, agreement, run_eval, steered
 
 from steer_hydra.controls.state import CAA
 from steer_hydra.core import BackendSpec, SteeringPipeline
 from steer_hydra.core.tensors import strip_trailing
-from steer_hydra.evaluation import ProviderOptions, as_inspect_model
 from steer_hydra.models import SMOLLM2_REF
 from steer_hydra.tasks.short_answer import short_answer, short_answer_samples
 
@@ -82,22 +80,9 @@ def test_smollm2_short_answer_scores_like_hugging_face(hf, engine, tmp_path, rec
     scores = {}
     for name, pipeline in (("hf", hf), ("vllm", engine)):
         pipeline.state_controls[0].enabled = False
-        model = as_inspect_model(pipeline, options=ProviderOptions(max_batch_size=8))
-        (log,) = inspect_eval(
-            short_answer(),
-            model=model,
-            display="none",
-            log_dir=str(tmp_path / name),
-            limit=8,
-            temperature=0,
-            max_tokens=NEW_TOKENS,
-            max_connections=model.api.effective_max_batch,
-        )
-        model.api.close()
-        assert log.status == "success"
-        scores[name] = {s.id: (s.output.completion, s.scores["includes"].value) for s in log.samples}
+        scores[name] = run_eval(pipeline, tmp_path, name, short_answer(), max_tokens=NEW_TOKENS, limit=8)
     same = [scores["hf"][k][0] == scores["vllm"][k][0] for k in scores["hf"]]
-    accuracy = {n: sum(v == "C" for _, v in s.values()) / len(s) for n, s in scores.items()}
+    accuracy = {n: sum(v for _, v in s.values()) / len(s) for n, s in scores.items()}
     print(f"[vllm agreement] smollm2 short_answer: {sum(same)}/{len(same)} completions identical, accuracy {accuracy}")
     record_property("smollm2_short_answer", f"{sum(same)}/{len(same)} identical; accuracy {accuracy}")
     assert sum(same) / len(same) >= MIN_AGREEMENT

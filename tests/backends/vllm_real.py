@@ -107,18 +107,30 @@ def eval_task() -> Task:
     return Task(dataset=MemoryDataset(samples), scorer=includes())
 
 
-def run_eval(pipeline: SteeringPipeline, log_dir: Any, name: str) -> dict[str, tuple[str, float]]:
-    """`eval_task()` through the provider on `pipeline`: `{sample id: (completion, score)}`."""
+def run_eval(
+    pipeline: SteeringPipeline,
+    log_dir: Any,
+    name: str,
+    task: Task | None = None,
+    *,
+    max_tokens: int = 16,
+    limit: int | None = None,
+) -> dict[str, tuple[str, float]]:
+    """`task` (default `eval_task()`) through the provider on `pipeline`, greedy, with the provider's
+    `inspect_connections`: `{sample id: (completion, includes score as 0/1)}`."""
+    task = task or eval_task()
     model = as_inspect_model(pipeline, options=ProviderOptions(max_batch_size=8))
     (log,) = inspect_eval(
-        eval_task(),
+        task,
         model=model,
         display="none",
         log_dir=str(log_dir / name),
+        limit=limit,
         temperature=0,
-        max_tokens=16,
+        max_tokens=max_tokens,
         max_connections=model.api.inspect_connections,
     )
     model.api.close()
-    assert log.status == "success" and len(log.samples) == len(TEXTS)
+    expected = len(task.dataset) if limit is None else min(limit, len(task.dataset))
+    assert log.status == "success" and len(log.samples) == expected
     return {str(s.id): (s.output.completion, float(s.scores["includes"].value == "C")) for s in log.samples}
