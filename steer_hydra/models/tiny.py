@@ -17,14 +17,15 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from steer_hydra.models.cache import build_once
+
+if TYPE_CHECKING:  # imported where used: parsing a reference (the pre-flight checks) needs neither library
+    from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 TINY_REF = "steer_hydra:tiny"
 TINY_BASE_REF = "steer_hydra:tiny-base"
@@ -83,6 +84,9 @@ class TinySpec:
 
 def build_tiny_tokenizer(spec: TinySpec = TinySpec()) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE on the fixed corpus and wrap it with special tokens, left padding and a template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -117,6 +121,8 @@ def build_tiny_tokenizer(spec: TinySpec = TinySpec()) -> PreTrainedTokenizerFast
 
 def build_tiny_model(spec: TinySpec = TinySpec()) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:
     """Build `(model, tokenizer)` with weights drawn from `spec.seed`; the global RNG state is left untouched."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     tokenizer = build_tiny_tokenizer(spec)
     config = LlamaConfig(
         vocab_size=len(tokenizer),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 
@@ -178,3 +179,23 @@ def test_cli_prints_one_line_and_exits_1_quickly(run_app, tmp_path):
     assert elapsed < 60, f"took {elapsed:.0f}s"  # the offline Hub lookup alone used to hang 68 s
     outputs = tmp_path / "outputs"
     assert not [p for p in outputs.rglob("*") if p.name in ("protocol", "wandb") or p.suffix == ".eval"]
+
+
+PREFLIGHT_IMPORTS = """
+import sys
+from hydra import compose, initialize_config_module
+from steer_hydra.app.preflight import preflight
+from steer_hydra.app.schema import register_configs
+
+register_configs()
+with initialize_config_module(config_module="steer_hydra.conf", version_base="1.3"):
+    preflight(compose("config", overrides=["model=tiny"]))
+print(sorted(m for m in ("tokenizers", "transformers") if m in sys.modules))
+"""
+
+
+def test_checking_a_tiny_model_job_imports_neither_transformers_nor_tokenizers():
+    # a bad command is refused before the heaviest imports (about 2 s of the time to the error line)
+    proc = subprocess.run([sys.executable, "-c", PREFLIGHT_IMPORTS], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]"
