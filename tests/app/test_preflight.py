@@ -189,12 +189,13 @@ from steer_hydra.app.schema import register_configs
 
 register_configs()
 with initialize_config_module(config_module="steer_hydra.conf", version_base="1.3"):
-    preflight(compose("config", overrides=["model=tiny"]))
+    for overrides in ([], ["model=tiny"]):  # the default job (SmolLM2) and the tiny model
+        preflight(compose("config", overrides=overrides))
 print(sorted(m for m in ("tokenizers", "transformers") if m in sys.modules))
 """
 
 
-def test_checking_a_tiny_model_job_imports_neither_transformers_nor_tokenizers():
+def test_checking_a_job_imports_neither_transformers_nor_tokenizers():
     # a bad command is refused before the heaviest imports (about 2 s of the time to the error line)
     proc = subprocess.run([sys.executable, "-c", PREFLIGHT_IMPORTS], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
