@@ -19,6 +19,7 @@ import shlex
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ import pandas as pd
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from hydra_plugins.steer_hydra_study.study_sweeper import LAUNCHED_FILE
 from steer_hydra.app.analysis import (
     app_columns,
     deltas_for,
@@ -65,18 +67,23 @@ def job_records(sweep_dir: Path) -> list[dict[str, Any]]:
     return list(records.values())
 
 
-def expected_jobs(config: DictConfig, sweep_dir: Path | None = None) -> list[list[str]]:
-    """Each job's overrides of the sweep `config` describes, in launch order (as Hydra's basic sweeper splits them).
+def launched_jobs(sweep_dir: Path) -> list[list[str]] | None:
+    """The jobs a sweeper that plans as it goes (the study sweeper) has launched so far (`launched_jobs.json`), in
+    launch order; None for a sweep without that file."""
+    path = sweep_dir / LAUNCHED_FILE
+    return [list(job) for job in read_json(path)] if path.is_file() else None
 
-    A sweeper that plans its jobs as it goes (the study sweeper) lists those it launched in `launched_jobs.json`.
-    """
+
+def expected_jobs(config: DictConfig, sweep_dir: Path | None = None) -> list[list[str]]:
+    """Each job's overrides of the sweep `config` describes, in launch order (as Hydra's basic sweeper splits them),
+    or those a sweeper that plans as it goes has launched (`launched_jobs`)."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     sweep_dir = sweep_dir if sweep_dir is not None else Path(str(OmegaConf.select(config, "hydra.sweep.dir") or "."))
-    launched = sweep_dir / "launched_jobs.json"
-    if launched.is_file():
-        return [list(job) for job in read_json(launched)]
+    launched = launched_jobs(sweep_dir)
+    if launched is not None:
+        return launched
     params = OmegaConf.select(config, "hydra.sweeper.params") or {}
     arguments = [f"{k}={v}" for k, v in params.items()] + list(OmegaConf.select(config, "hydra.overrides.task") or [])
     parsed = OverridesParser.create().parse_overrides(arguments)
@@ -295,34 +302,44 @@ def _track(
     return [w for w in where if w]
 
 
+@dataclass
+class SweepProgress:
+    """Jobs done out of the sweep's total, for a sweep whose jobs run in this process."""
+
+    total: int
+    sweep_dir: Path
+    done: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+
 class SweepAggregator(Callback):
     """Aggregate the sweep at `on_multirun_end`, or at exit when a failed job made Hydra skip that hook."""
 
     def __init__(self) -> None:
         self._pending: tuple[str, DictConfig] | None = None
-        self._jobs: list[Any] = []  # [total, done, started_at, sweep_dir] of a sweep whose jobs run in this process
+        self._progress: SweepProgress | None = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._pending = (str(config.hydra.sweep.dir), config)
         atexit.register(self._after_failure)
         try:
-            self._jobs = [len(expected_jobs(config)), 0, time.monotonic(), Path(str(config.hydra.sweep.dir))]
+            self._progress = SweepProgress(len(expected_jobs(config)), Path(str(config.hydra.sweep.dir)))
         except Exception:  # noqa: BLE001 - progress lines only; a sweeper this cannot split shows none
-            self._jobs = []
+            self._progress = None
 
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
         """A sweep whose jobs run in this process (the basic launcher): `Sweep: k/N job(s) done, ETA ...`."""
-        if not self._jobs:
+        progress = self._progress
+        if progress is None:
             return
-        total, done, started, sweep_dir = self._jobs
-        launched = sweep_dir / "launched_jobs.json"
-        if launched.is_file():  # a sweeper that plans as it goes (the study sweeper): the jobs launched so far
-            total = self._jobs[0] = max(total, len(read_json(launched)))
-        done += 1
-        self._jobs[1] = done
-        elapsed = time.monotonic() - started
-        eta = f", about {elapsed / done * (total - done):.0f}s left" if done < total else ""
-        logger.info("Sweep: %d/%d job(s) done in %.0fs%s", done, total, elapsed, eta)
+        launched = launched_jobs(progress.sweep_dir)  # a sweeper that plans as it goes: the jobs launched so far
+        if launched is not None:
+            progress.total = max(progress.total, len(launched))
+        progress.done += 1
+        elapsed = time.monotonic() - progress.started
+        left = progress.total - progress.done
+        eta = f", about {elapsed / progress.done * left:.0f}s left" if left > 0 else ""
+        logger.info("Sweep: %d/%d job(s) done in %.0fs%s", progress.done, progress.total, elapsed, eta)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         self._pending = None

@@ -155,12 +155,11 @@ def test_job_prints_the_table_and_job_and_sweep_runs_log_the_same_keys(compose_c
 
 def test_a_sweep_in_one_process_logs_jobs_done_out_of_total(caplog, tmp_path):
     import logging
-    import time
 
-    from steer_hydra.app.callbacks import SweepAggregator
+    from steer_hydra.app.callbacks import SweepAggregator, SweepProgress
 
     aggregator = SweepAggregator()
-    aggregator._jobs = [4, 0, time.monotonic(), tmp_path]
+    aggregator._progress = SweepProgress(total=4, sweep_dir=tmp_path)
     with caplog.at_level(logging.INFO, logger="steer_hydra.app.callbacks"):
         aggregator.on_job_end(None, None)
         aggregator.on_job_end(None, None)
