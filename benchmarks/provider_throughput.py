@@ -19,7 +19,7 @@ for provider/raw (what the provider and collator control) and `wall` for provide
     .venv/bin/python benchmarks/provider_throughput.py                 # defaults: 256 samples, 64 new tokens
     .venv/bin/python benchmarks/provider_throughput.py --samples 128 --hf-samples 64 --rounds 1
 
-Targets (issue 16): provider/raw >= 0.95 with Inspect's default logs (0.90 on a GPU), provider/hf >= 3.
+Targets: provider/raw >= 0.95 with Inspect's default logs (0.90 on a GPU), provider/hf >= 3.
 
 Reading the notes: "generate ms/call" is the pipeline's time per dispatch and "idle ms between calls" is the time
 the model waits between dispatches. Under the provider that idle time is Inspect finishing one batch's samples

@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
-# One command for the GPU evidence of issue 16 (one H200, at most ~7 minutes, no network there). From the repo root:
+# One command for the GPU measurements (one H200-class GPU, at most ~7 minutes, no network needed). From the repo root:
 #   OUT=<dir> bash scripts/gpu_check.sh
 # Before: bash scripts/gpu/build_wheels.sh here (wheels the GPU machine lacks -> .gpu/whl, ~46 MiB, kept out of git
-# through .git/info/exclude); the device tool carries it: run(command="OUT=$OUT bash scripts/gpu_check.sh",
-# carry=[".gpu/whl"]).
+# through .git/info/exclude); copy .gpu/whl to the GPU machine with the working tree.
 #   OUT=<dir>  results (log.txt env.txt pytest.txt overhead.json provider_default.txt provider_lean.txt realistic.txt
 #              summary.txt)
 #   PY=python3 the interpreter (torch must already be there)

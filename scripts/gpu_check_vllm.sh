@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check of backend=vllm (issue 8), as one command on a machine with a CUDA GPU:
+# GPU check of backend=vllm, as one command on a machine with a CUDA GPU:
 #   scripts/gpu_check_vllm.sh
 # 1. installs the vllm extra unless `import vllm` already works: from wheels in .whl/ when that folder holds
 #    any (a machine without a registry), else `pip install 'vllm>=0.8'`;

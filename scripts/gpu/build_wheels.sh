@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build .gpu/whl here (not on the device): the wheels the GPU machine lacks for steer_hydra + Inspect, for
 # CPython 3.12 manylinux x86_64 (~46 MiB). Run from anywhere: bash scripts/gpu/build_wheels.sh
-# .gpu/ must stay out of git (add /.gpu/ to .git/info/exclude) and travel as an ignored path (carry: [".gpu/whl"]).
+# .gpu/ must stay out of git (add /.gpu/ to .git/info/exclude); copy .gpu/whl to the GPU machine with the tree.
 #   .gpu/whl/*.whl      always installed: packages the machine lacks, and transformers (newer than the machine's)
 #   .gpu/whl/opt/*.whl  fallbacks for packages the machine has at unknown versions (installed only when needed)
 # Left out on purpose: numpy/tokenizers/safetensors/huggingface-hub/hf-xet/tiktoken (the machine's satisfy the
