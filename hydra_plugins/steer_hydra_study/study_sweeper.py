@@ -4,7 +4,7 @@
 the configured launcher (basic, joblib, submitit...), two batches of ordinary jobs into one save_dir:
 
 1. **dev**: every method arm (a `swept` arm that follows no other) at every strength of the grid, on `dev_suite`;
-2. after the jobs, each method's strength is chosen from the dev rows only (`steer_hydra.app.selection`);
+2. after the jobs, each method's strength is chosen from the dev rows only (`steer_hydra.study`);
 3. **report**: the baseline and every arm, vector arms at their method's chosen strength, on `test_suite` and each
    of `cost_suites` (the capability costs), one job per (arm, suite);
 4. the study report (`<sweep dir>/study/`: selection, test statistics, capability costs, plot, W&B) is written
@@ -29,9 +29,9 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
-logger = logging.getLogger(__name__)
+from steer_hydra.study import LAUNCHED_FILE
 
-LAUNCHED_FILE = "launched_jobs.json"
+logger = logging.getLogger(__name__)
 
 
 class StudySweeper(Sweeper):
@@ -118,7 +118,7 @@ class StudySweeper(Sweeper):
 
     # ------------------------------------------------------------------------------------------ running
     def sweep(self, arguments: list[str]) -> Any:
-        from steer_hydra.app.selection import StudySelection
+        from steer_hydra.app.study import StudySelection
 
         assert self.config is not None and self.launcher is not None
         passthrough = self.plan_arguments(arguments)

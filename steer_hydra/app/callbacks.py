@@ -27,30 +27,14 @@ import pandas as pd
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from hydra_plugins.steer_hydra_study.study_sweeper import LAUNCHED_FILE
-from steer_hydra.app.analysis import (
-    app_columns,
-    deltas_for,
-    plot_job,
-    pooled_samples,
-    summary_metrics,
-    tasks_without_baseline,
-)
-from steer_hydra.app.files import read_json, write_csv, write_json
-from steer_hydra.app.job import JOB_RECORD, delta_summary, sweep_id_of
-from steer_hydra.app.plan import arm_names, to_plain
-from steer_hydra.app.report import (
-    changed_share,
-    delta_rows,
-    print_report,
-    report_text,
-    results_table,
-    table_title,
-    with_changed,
-)
+from steer_hydra.app.job import JOB_RECORD, sweep_id_of
+from steer_hydra.app.plan import to_plain
+from steer_hydra.app.report import print_report, report_text, table_title
+from steer_hydra.app.results import Comparison, Selection, compare, delta_summary, summary_metrics, track, write_files
 from steer_hydra.app.secrets import redact, redact_overrides
 from steer_hydra.app.tracking import Tracker, wandb_key
-from steer_hydra.evaluation.logs import results_from_logs
+from steer_hydra.core.files import read_json, write_csv, write_json
+from steer_hydra.study import LAUNCHED_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -106,99 +90,52 @@ def missing_jobs(config: DictConfig, records: Sequence[Mapping[str, Any]], sweep
     return missing
 
 
-def job_results(record: Mapping[str, Any]) -> pd.DataFrame:
-    """A job's results rows (app columns plus `model`), read from the results file its record names.
-
-    A record without one (written by an older version) has its rows rebuilt from the save_dir's logs.
-    """
-    path = (record.get("files") or {}).get("results")
-    if path and Path(path).is_file():
-        frame = pd.read_csv(path, keep_default_na=False)  # an empty scorer name stays ""
-        frame = frame.assign(value=pd.to_numeric(frame["value"], errors="coerce"))
-        frame = frame.assign(n=pd.to_numeric(frame["n"], errors="coerce"))
-    else:
-        names = {record["config_id"]: record["arm"]}
-        frame = app_columns(
-            results_from_logs(Path(record["save_dir"]), names, config_ids=[record["config_id"]]), seed=record["seed"]
-        )
-        frame = frame[frame["suite"] == record["suite"]]
-    if frame.empty:
-        return frame
-    frame = frame.assign(model=record["model"], arm=record["arm"], config_id=record["config_id"])
-    return frame.astype({"suite": str, "task": str, "scorer": str, "metric": str})
-
-
 def aggregate_sweep(records: Sequence[dict[str, Any]], out_dir: Path) -> dict[str, Any]:
     """Paired deltas of each of the sweep's configurations vs the baseline per (model, suite), pooling seeds.
 
-    Metrics come from each job's results file (named in its job record); only the records' configurations and
-    their baseline (`baseline_config_id`) are read from the save_dirs for the paired deltas. Writes `summary.csv`,
-    `paired_deltas.csv`, `results_table.csv` and plots; returns the paths, frames, the results table and the tasks
-    lacking a baseline.
+    Only the records' configurations, their trials and their baseline (`baseline_config_id`) are read from the
+    save_dirs (`results.compare`). Writes the results path's files (`results.csv`, `samples.csv`,
+    `paired_deltas.csv`, `results_table.csv`, plots) and `summary.csv` (each metric's mean, std and runs over the
+    sweep's seeds and trials); returns the paths, the comparison and the summary.
     """
-    out_dir.mkdir(parents=True, exist_ok=True)
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for record in records:
         key = (record["model"], record["suite"], record.get("baseline_config_id", "baseline"))
         groups.setdefault(key, []).append(record)
-    parts = [job_results(r) for r in records]
-    results = pd.concat([p for p in parts if not p.empty], ignore_index=True) if any(len(p) for p in parts) else None
-    results = results if results is not None else pd.DataFrame(columns=["model", "suite", "task", "scorer", "metric"])
-    all_deltas, lacking, tables = [], [], []
+    parts = []
     for (model, suite, baseline_id), group in sorted(groups.items()):
-        save_dirs = {str(r["seed"]): Path(r["save_dir"]) for r in group}
-        config_ids = {r["config_id"] for r in group} | {baseline_id}
-        names: dict[str, str] = {}
-        for save_dir in save_dirs.values():
-            names.update({k: v for k, v in arm_names(save_dir).items() if k in config_ids})
-        names.update({r["config_id"]: r["arm"] for r in group})
-        frames, cells = pooled_samples(save_dirs, names, config_ids, suite=suite, include_text=True)
-        missing = tasks_without_baseline(cells, baseline_id) if not cells.empty else []
-        lacking += [f"{model}/{task}" for task in missing]
-        deltas = deltas_for(frames, baseline_id)
-        group_results = results[(results["model"] == model) & (results["suite"] == suite)]
-        if deltas.empty:
+        selection = Selection(
+            save_dirs={r["seed"]: Path(r["save_dir"]) for r in group},
+            config_ids=[r["config_id"] for r in group],
+            baseline_config_id=baseline_id,
+            suite=suite,
+            model=model,
+            trial_ids=sorted({t for r in group for t in r.get("trial_ids", [0])}),
+            names={r["config_id"]: r["arm"] for r in group},
+        )
+        part = compare(selection)
+        if part.deltas.empty and any(r["config_id"] != baseline_id for r in group):
             logger.warning(
                 "Sweep aggregate: no baseline (config_id %s) evaluated for model %s, suite %s in %s; run it once "
                 "(arm=baseline) to get paired deltas.",
                 baseline_id,
                 model,
                 suite,
-                sorted(map(str, save_dirs.values())),
+                sorted(map(str, selection.save_dirs.values())),
             )
-        else:
-            deltas = app_columns(with_changed(deltas, changed_share(frames, baseline_id)))
-            deltas = deltas.assign(model=model, seeds=",".join(sorted(save_dirs)))
-            all_deltas.append(deltas)
-        tables.append(results_table(group_results, deltas, baseline_id))
+        parts.append(part)
+    comparison = Comparison.combine(parts)
+    paths = write_files(comparison, out_dir)
+    results = comparison.results
+    keys = ["model", "suite", "task", "scorer", "metric", "arm", "config_id"]
     summary = (
-        results.groupby(["model", "suite", "task", "scorer", "metric", "arm", "config_id"], sort=True)["value"]
-        .agg(mean="mean", std="std", n_runs="count")
-        .reset_index()
+        results.groupby(keys, sort=True)["value"].agg(mean="mean", std="std", n_runs="count").reset_index()
         if not results.empty
-        else pd.DataFrame()
+        else pd.DataFrame(columns=[*keys, "mean", "std", "n_runs"])
     )
-    write_csv(summary, out_dir / "summary.csv")
-    deltas = pd.concat(all_deltas, ignore_index=True) if all_deltas else pd.DataFrame()
-    table = pd.concat([t for t in tables if not t.empty], ignore_index=True) if any(len(t) for t in tables) else None
-    table = table if table is not None else pd.DataFrame()
-    write_csv(table, out_dir / "results_table.csv")
-    paths: dict[str, Path] = {"summary": out_dir / "summary.csv", "results_table": out_dir / "results_table.csv"}
-    if not deltas.empty:
-        write_csv(deltas, out_dir / "paired_deltas.csv")
-        paths["paired_deltas"] = out_dir / "paired_deltas.csv"
-    if not results.empty:
-        models = sorted(results["model"].unique())
-        plots = plot_job(results, deltas, out_dir, model=", ".join(models))
-        paths.update({f"plot_{k}": v for k, v in plots.items()})
-    return {
-        "paths": paths,
-        "summary": summary,
-        "deltas": deltas,
-        "results": results,
-        "table": table,
-        "tasks_without_baseline": lacking,
-    }
+    paths["summary"] = out_dir / "summary.csv"
+    write_csv(summary, paths["summary"])
+    return {"paths": paths, "comparison": comparison, "summary": summary}
 
 
 def aggregate_sweep_dir(sweep_dir: str | Path, config: DictConfig, *, track: bool = True) -> dict[str, Any] | None:
@@ -229,19 +166,20 @@ def aggregate_sweep_dir(sweep_dir: str | Path, config: DictConfig, *, track: boo
         notes = _track(config, logger_cfg, out_dir, records, out)
     if missing:
         notes.append(f"{len(missing)} job(s) missing: see {out_dir / MISSING_FILE}")
-    title = table_title(f"Sweep {sweep_dir.name}: {len(records)} job(s)", out["table"])
-    print_report(report_text(out["table"], title=title, files=out["paths"], notes=notes))
+    table = out["comparison"].table
+    title = table_title(f"Sweep {sweep_dir.name}: {len(records)} job(s)", table)
+    print_report(report_text(table, title=title, files=out["paths"], notes=notes))
     return out
 
 
-def sweep_summary(results: pd.DataFrame, deltas: pd.DataFrame, model: str, config_id: str) -> dict[str, float]:
+def sweep_summary(comparison: Comparison, model: str, config_id: str) -> dict[str, float]:
     """One (model, configuration)'s sweep summary under the job runs' keys: each metric's mean over the sweep's
     seeds and trials (`<suite>/<task>/<scorer>/<metric>`), and its pooled paired delta with the CI bounds."""
+    results, deltas = comparison.results, comparison.deltas
     own = results[(results["model"] == model) & (results["config_id"] == config_id)]
     out = summary_metrics(own)
     if not deltas.empty:
-        rows = deltas[(deltas["model"] == model) & (deltas["config_id"] == config_id)]
-        out.update(delta_summary(delta_rows(rows.drop(columns="model"), own.drop(columns="model"))))
+        out.update(delta_summary(deltas[(deltas["model"] == model) & (deltas["config_id"] == config_id)], own))
     return out
 
 
@@ -251,7 +189,8 @@ def _track(
     """One W&B summary run per (model, configuration) of the sweep, with the same keys as a job run of that
     configuration (pooled over seeds), the sweep's tables and plots, and the ids of the sweep's job runs.
     Returns where each run is (`Tracker.where`)."""
-    results, deltas = out["results"], out["deltas"]
+    comparison = out["comparison"]
+    results = comparison.results
     sweep = sweep_id_of(config.hydra.sweep.dir) if OmegaConf.select(config, "hydra.sweep.dir") else None
     overrides = redact_overrides(list(OmegaConf.select(config, "hydra.overrides.task") or []))
     job_run_ids = [r.get("wandb_run_id") for r in records if r.get("wandb_run_id")]
@@ -287,14 +226,11 @@ def _track(
                     "arm": arm,
                     "config_id": config_id,
                     "job_run_ids": job_run_ids,
-                    **sweep_summary(results, deltas, model, config_id),
+                    **sweep_summary(comparison, model, config_id),
                 }
             )
-            tracker.table(wandb_key("tables", "results"), out["table"])
-            tracker.table(wandb_key("tables", "paired_deltas"), deltas)
+            track(tracker, comparison.table, comparison.deltas, out["paths"])
             tracker.table(wandb_key("tables", "summary"), out["summary"])
-            plots = {k.removeprefix("plot_"): v for k, v in out["paths"].items() if k.startswith("plot_")}
-            tracker.images({wandb_key("plots", k): v for k, v in plots.items()})
             where.append(tracker.where())
             exit_code = 0
         finally:

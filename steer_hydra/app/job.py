@@ -6,9 +6,10 @@ any log of its suite exists; the results (CSV files, plots, Inspect logs) are on
 W&B failure only warns; the pipeline is released by the runner in `finally`, so a multirun in one process does
 not accumulate memory.
 
-Selection: the job's outputs (results, samples, deltas, plots, W&B) hold its own configuration and, for the
-deltas and plots, the baseline's, both selected by `config_id` from the save_dir (`analysis.select_cells`);
-other configurations evaluated into the same save_dir never appear.
+Selection: the job's outputs (results, samples, deltas, plots, W&B) hold its own configuration's trials and, for
+the deltas, the table and the plots, the baseline's, selected by `config_id` from the save_dir
+(`JobPlan.selection`, read by the results path `app.results`); other configurations and trials evaluated into the
+same save_dir never appear.
 """
 
 from __future__ import annotations
@@ -22,33 +23,13 @@ from typing import Any
 import pandas as pd
 from omegaconf import DictConfig
 
-from steer_hydra.app.analysis import (
-    app_columns,
-    deltas_for,
-    headline,
-    long_samples,
-    plot_job,
-    select_cells,
-    summary_metrics,
-    task_samples,
-    tasks_without_baseline,
-)
 from steer_hydra.app.console import job_console
-from steer_hydra.app.files import write_csv, write_json
-from steer_hydra.app.plan import JobPlan, arm_names, to_plain
-from steer_hydra.app.report import (
-    changed_share,
-    delta_rows,
-    print_report,
-    report_text,
-    results_table,
-    table_title,
-    with_changed,
-)
+from steer_hydra.app.plan import JobPlan, to_plain
+from steer_hydra.app.report import print_report, report_text, table_title
+from steer_hydra.app.results import compare, delta_summary, headline, summary_metrics, track, write_files
 from steer_hydra.app.secrets import redact, redact_overrides
 from steer_hydra.app.tracking import Tracker, wandb_key
-from steer_hydra.evaluation.frames import cells_frame
-from steer_hydra.evaluation.logs import failed_samples, results_from_logs
+from steer_hydra.core.files import write_json
 
 logger = logging.getLogger(__name__)
 
@@ -118,16 +99,6 @@ def sweep_id_of(sweep_dir: str | Path) -> str:
     return f"{path.parent.parent.name}/{path.name}"
 
 
-def delta_summary(located: pd.DataFrame) -> dict[str, float]:
-    """`delta/<key>`, `delta_ci_low/<key>`, `delta_ci_high/<key>` of each located delta (`report.delta_rows`)."""
-    out: dict[str, float] = {}
-    for row in located.to_dict("records"):
-        parts = (row["suite"], row["task"], row["scorer"], row["metric"])
-        for section, column in (("delta", "delta"), ("delta_ci_low", "ci_low"), ("delta_ci_high", "ci_high")):
-            out[wandb_key(section, *parts)] = float(row[column])
-    return out
-
-
 def job_overrides() -> list[str]:
     """This job's command-line overrides (secret values redacted), or [] outside a Hydra app."""
     from hydra.core.hydra_config import HydraConfig
@@ -160,68 +131,24 @@ def _run_job(cfg: DictConfig, output_dir: Path) -> float:
             records = runner.run()[plan.arm]
         finally:
             plan.release_claim()  # removes the claim when the job failed before any log of the suite exists
+        comparison = compare(plan.selection())
+        files = write_files(comparison, output_dir, own_config_id=plan.config_id)
+        own = comparison.results[comparison.results["config_id"] == plan.config_id]
         reused = bool(records) and all(r["provenance"].get("reused") for r in records)
-        results = app_columns(runner.results(), seed=plan.seed)
-        write_csv(results, output_dir / "results.csv")
-        own_cells = cells_frame({plan.arm: records})
-        samples = app_columns(long_samples(task_samples(own_cells, plan.save_dir, include_text=True)), seed=plan.seed)
-        write_csv(samples, output_dir / "samples.csv")
-        failures = app_columns(failed_samples(own_cells, plan.save_dir), seed=plan.seed)
-        if not failures.empty:
-            write_csv(failures, output_dir / "failed_samples.csv")
-            logger.warning(
-                "%d sample(s) failed and have no score (listed in %s): %s",
-                len(failures),
-                output_dir / "failed_samples.csv",
-                "; ".join(f"{r.task} sample {r.sample_id}: {r.error}" for r in failures.head(5).itertuples()),
-            )
-
-        # paired deltas against the baseline (evaluated earlier into the same save_dir, or by this job): exactly
-        # these two configurations, selected by config_id
-        ids = [plan.config_id, plan.baseline_config_id]
-        names = {**arm_names(plan.save_dir), plan.config_id: plan.arm}
-        compared = select_cells(plan.save_dir, ids, names, suite=plan.suite.name)
-        is_baseline = plan.config_id == plan.baseline_config_id
-        missing_baseline = [] if is_baseline else tasks_without_baseline(compared, plan.baseline_config_id)
-        if missing_baseline:
-            logger.warning(
-                "No baseline (config_id %s) yet for %s in %s: those tasks have no paired deltas. Fix: run arm=%s "
-                "into the same save_dir (or wait for the job running it), then re-run this command (its cells are "
-                "reused).",
-                plan.baseline_config_id,
-                ", ".join(missing_baseline),
-                plan.save_dir,
-                cfg.baseline_arm,
-            )
-        compared_frames = [] if is_baseline else task_samples(compared, plan.save_dir, include_text=True)
-        deltas = deltas_for(compared_frames, ids[1]) if compared_frames else pd.DataFrame()
-        if not deltas.empty:
-            deltas = app_columns(with_changed(deltas, changed_share(compared_frames, ids[1])), seed=plan.seed)
-            write_csv(deltas, output_dir / "paired_deltas.csv")
-        compared_results = results_from_logs(plan.save_dir, names, config_ids=ids)
-        compared_results = app_columns(compared_results[compared_results["suite"] == plan.suite.name])
-        plots = plot_job(compared_results, deltas, output_dir, model=plan.model["name"])
-        table = results_table(compared_results, deltas, plan.baseline_config_id)
-        write_csv(table, output_dir / "results_table.csv")
-
-        provenance = {
-            "git_commit": git_commit(),
-            "config_id": plan.config_id,
-            "save_dir": str(plan.save_dir),
-            "trial_seeds": [r["seed"] for r in records],
-            **(records[0]["provenance"] if records else {}),
-        }
-        provenance = redact(provenance)
-        metrics = summary_metrics(results)
-        objective = headline(results)
-        files = {
-            "results": output_dir / "results.csv",
-            "samples": output_dir / "samples.csv",
-            "paired_deltas": output_dir / "paired_deltas.csv",
-            "results_table": output_dir / "results_table.csv",
-            "failed_samples": output_dir / "failed_samples.csv",
-            **{f"plot_{name}": path for name, path in plots.items()},
-        }
+        failures = comparison.failed(plan.config_id)
+        missing_baseline = comparison.tasks_without_baseline
+        _warn(plan, cfg, failures, missing_baseline, files)
+        provenance = redact(
+            {
+                "git_commit": git_commit(),
+                "config_id": plan.config_id,
+                "save_dir": str(plan.save_dir),
+                "seed": plan.seed,
+                "trial_seeds": [r["trial_seed"] for r in records],
+                **(records[0]["provenance"] if records else {}),
+            }
+        )
+        metrics, objective = summary_metrics(own), headline(own)
         write_json(
             output_dir / JOB_RECORD,
             {
@@ -233,12 +160,12 @@ def _run_job(cfg: DictConfig, output_dir: Path) -> float:
                 "model": plan.model["name"],
                 "seed": plan.seed,
                 "trial_ids": [r["trial_id"] for r in records],
-                "trial_seeds": [r["seed"] for r in records],
+                "trial_seeds": [r["trial_seed"] for r in records],
                 "save_dir": str(plan.save_dir),
                 "overrides": job_overrides(),
                 "sweep_id": sweep_id(),
                 "wandb_run_id": tracker.run_id if tracker is not None else None,
-                "files": {name: str(path) for name, path in files.items() if path.exists()},
+                "files": {name: str(path) for name, path in files.items()},
                 "results_reused": reused,
                 "tasks_without_baseline": missing_baseline,
                 "failed_samples": failures[["suite", "task", "trial_id", "sample_id", "error"]].to_dict("records"),
@@ -247,39 +174,55 @@ def _run_job(cfg: DictConfig, output_dir: Path) -> float:
                 "memory_after_release": memory_report(),
             },
         )
-
         if tracker is not None:
             tracker.config({"provenance": provenance})
-            summary: dict[str, Any] = {
-                **metrics,
-                "objective": objective,
-                "arm": plan.arm,
-                "config_id": plan.config_id,
-                "results_reused": reused,
-                "tasks_without_baseline": ", ".join(missing_baseline),
-                "failed_samples": len(failures),
-            }
-            summary.update(delta_summary(delta_rows(deltas, compared_results)))
-            tracker.summary(summary)
-            tracker.table(wandb_key("tables", "results"), table)
-            tracker.table(wandb_key("tables", "paired_deltas"), deltas)
+            tracker.summary(
+                {
+                    **metrics,
+                    **delta_summary(comparison.deltas, comparison.results),
+                    "objective": objective,
+                    "arm": plan.arm,
+                    "config_id": plan.config_id,
+                    "results_reused": reused,
+                    "tasks_without_baseline": ", ".join(missing_baseline),
+                    "failed_samples": len(failures),
+                }
+            )
+            track(tracker, comparison.table, comparison.deltas, files)
             if cfg.logger.log_samples:
-                tracker.table(wandb_key("tables", "samples"), samples)
-            tracker.images({wandb_key("plots", name): path for name, path in plots.items()})
+                tracker.table(wandb_key("tables", "samples"), comparison.samples(plan.config_id))
             if cfg.logger.log_artifact:
-                tracker.artifact(
-                    f"inspect-logs-{plan.config_id}-{plan.suite.name}",
-                    "inspect-logs",
-                    plan.save_dir / "inspect_logs" / plan.config_id,
-                )
+                log_dir = plan.save_dir / "inspect_logs" / plan.config_id
+                tracker.artifact(f"inspect-logs-{plan.config_id}-{plan.suite.name}", "inspect-logs", log_dir)
         exit_code = 0
-        against = "" if is_baseline else f" vs {cfg.baseline_arm}"
-        title = table_title(f"{plan.arm} [{plan.config_id}]{against}", table, {"seed": plan.seed})
+        against = "" if plan.config_id == plan.baseline_config_id else f" vs {cfg.baseline_arm}"
+        title = table_title(f"{plan.arm} [{plan.config_id}]{against}", comparison.table, {"seed": plan.seed})
         notes = [tracker.where() if tracker is not None else None]
         notes.append(f"Objective {objective:.4f}" + (" (every cell reused from the save_dir)" if reused else ""))
         log_dir = plan.save_dir / "inspect_logs" / plan.config_id
-        print_report(report_text(table, title=title, files=files, log_dir=log_dir, notes=notes))
+        print_report(report_text(comparison.table, title=title, files=files, log_dir=log_dir, notes=notes))
         return objective
     finally:
         if tracker is not None:
             tracker.finish(exit_code)
+
+
+def _warn(plan: JobPlan, cfg: DictConfig, failures: pd.DataFrame, missing_baseline: list[str], files: dict) -> None:
+    """One warning for failed samples (listed in `failed_samples.csv`) and one for tasks without a baseline."""
+    if not failures.empty:
+        logger.warning(
+            "%d sample(s) failed and have no score (listed in %s): %s",
+            len(failures),
+            files["failed_samples"],
+            "; ".join(f"{r.task} sample {r.sample_id}: {r.error}" for r in failures.head(5).itertuples()),
+        )
+    if missing_baseline:
+        logger.warning(
+            "No baseline (config_id %s) yet for %s in %s: those tasks have no paired deltas. Fix: run arm=%s "
+            "into the same save_dir (or wait for the job running it), then re-run this command (its cells are "
+            "reused).",
+            plan.baseline_config_id,
+            ", ".join(missing_baseline),
+            plan.save_dir,
+            cfg.baseline_arm,
+        )

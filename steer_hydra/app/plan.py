@@ -31,13 +31,15 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from steer_hydra.app.console import is_tty
-from steer_hydra.app.files import locked, read_json, write_json
+from steer_hydra.app.results import Selection
 from steer_hydra.app.secrets import redact
 from steer_hydra.core.backend import BackendSpec
 from steer_hydra.core.controls import BaseControl
+from steer_hydra.core.files import locked, read_json, write_json
 from steer_hydra.core.identity import BASELINE_CONFIG_ID, canonical_value, config_digest
 from steer_hydra.core.source import ModelSource
 from steer_hydra.core.sweeps import config_descriptor_from_controls
+from steer_hydra.evaluation.logs import CONFIGS_DIR
 from steer_hydra.evaluation.options import ProviderOptions
 from steer_hydra.evaluation.runner import SteeringEval
 from steer_hydra.evaluation.suite import RETRY_FIELDS, InspectSuite
@@ -231,12 +233,8 @@ class JobPlan:
         )
 
     def _backend_protocol_options(self) -> dict[str, Any]:
-        """Backend options that bear on what is generated (a server's address and timeouts do not)."""
-        if self.backend.kind == "vllm_serve":
-            from steer_hydra.backends.vllm_serve import protocol_options
-
-            return protocol_options(self.backend.options)
-        return dict(self.backend.options)
+        """Backend options that bear on what is generated, as the backend declares (a server's address does not)."""
+        return self.backend.protocol_options()
 
     @property
     def protocol_path(self) -> Path:
@@ -277,7 +275,7 @@ class JobPlan:
             holder.touch()
             self._holder = holder
             write_json(
-                self.save_dir / "configs" / f"{self.config_id}.json",
+                self.save_dir / CONFIGS_DIR / f"{self.config_id}.json",
                 {
                     "arm": self.arm,
                     "arm_name": self.arm_name,
@@ -298,6 +296,18 @@ class JobPlan:
             if not others and not logs:
                 logger.info("No log of suite %s was written: removing the protocol claim.", self.suite.name)
                 self.protocol_path.unlink(missing_ok=True)
+
+    def selection(self) -> Selection:
+        """The cells this job reports: its configuration and the baseline, its trials, its suite, its save_dir."""
+        return Selection(
+            save_dirs={self.seed: self.save_dir},
+            config_ids=[self.config_id],
+            baseline_config_id=self.baseline_config_id,
+            suite=self.suite.name,
+            model=self.model["name"],
+            trial_ids=tuple(range(self.num_trials)),
+            names={self.config_id: self.arm},
+        )
 
     @property
     def source(self) -> ModelSource:
@@ -327,15 +337,6 @@ class JobPlan:
                 "seed": self.seed,
             },
         )
-
-
-def arm_names(save_dir: Path) -> dict[str, str]:
-    """`{config_id: arm display name}` of every configuration a job recorded in `save_dir`."""
-    names = {}
-    for path in sorted((save_dir / "configs").glob("*.json")) if (save_dir / "configs").is_dir() else []:
-        record = read_json(path)
-        names[record["config_id"]] = record["arm"]
-    return names
 
 
 def _leaves(value: Any, prefix: str = "") -> dict[str, Any]:

@@ -21,7 +21,7 @@ SEARCH_STRATEGIES = ("grid", "random")
 class Factory:
     """A parameter value computed from a configuration point's context when the control is built.
 
-    `function(context)` receives a mapping with `pipeline_name`, `base_model_name_or_path`, `combo_id` and
+    `function(context)` receives a mapping with `arm`, `base_model_name_or_path`, `combo_id` and
     `search_params` (the values chosen for this point). Plain callables in `params` are passed unchanged;
     wrap a callable in `Factory` to have it evaluated.
     """

@@ -45,7 +45,7 @@ class ConfigPoint:
     fresh instances built from the specs on every call.
     """
 
-    pipeline_name: str
+    arm: str
     config_id: str
     descriptor: Any
     specs: tuple[ControlSpec, ...]
@@ -74,7 +74,7 @@ def expand_configurations(
     """Turn `{name: [] | [controls] | [ControlSpec, ...]}` into configuration points, in insertion order.
 
     Spec pipelines take the cartesian product of each spec's points; factories see the context
-    `pipeline_name`, `base_model_name_or_path`, `combo_id` (and `search_params`).
+    `arm`, `base_model_name_or_path`, `combo_id` (and `search_params`).
     """
     if not isinstance(pipelines, Mapping):
         raise TypeError(
@@ -122,7 +122,7 @@ def _spec_points(name: str, specs: list[ControlSpec], base: str | None) -> list[
         raise ValueError(
             f"pipelines[{name!r}] has several ControlSpecs named {duplicates}; give each a distinct name=."
         )
-    context = {"pipeline_name": name, "base_model_name_or_path": base}
+    context = {"arm": name, "base_model_name_or_path": base}
     grids = [list(spec.iter_points(context)) for spec in specs]
     points = []
     for combo_id, chosen in enumerate(itertools.product(*grids)):
@@ -140,12 +140,12 @@ def _spec_points(name: str, specs: list[ControlSpec], base: str | None) -> list[
 def _warn_shared_ids(points: list[ConfigPoint]) -> None:
     seen: dict[str, str] = {}
     for point in points:
-        other = seen.setdefault(point.config_id, point.pipeline_name)
-        if other != point.pipeline_name:
+        other = seen.setdefault(point.config_id, point.arm)
+        if other != point.arm:
             logger.warning(
                 "Pipelines %r and %r are the same configuration (config_id %s); they share one set of logs.",
                 other,
-                point.pipeline_name,
+                point.arm,
                 point.config_id,
             )
 
@@ -178,7 +178,7 @@ def preflight(
             failures = tuple(probe.check().messages())
             declared = frozenset(declared_scopes(controls))
         except Exception as error:  # a bad spec point must not hide the other points' verdicts
-            failures = (f"{point.pipeline_name}: cannot build the configuration: {type(error).__name__}: {error}",)
+            failures = (f"{point.arm}: cannot build the configuration: {type(error).__name__}: {error}",)
             declared = frozenset()
         reports.append(PreflightReport(point, failures, declared))
     return reports

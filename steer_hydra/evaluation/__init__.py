@@ -17,14 +17,13 @@ _EXPORTS: dict[str, str] = {
     "BatchRequest": "steer_hydra.evaluation.batching",
     "runtime_kwargs_solver": "steer_hydra.evaluation.solvers",
     "sample_scorer_from_inspect": "steer_hydra.evaluation.scorers",
-    "inspect_max_connections": "steer_hydra.evaluation.provider",
     "InspectSuite": "steer_hydra.evaluation.suite",
     "SteeringEval": "steer_hydra.evaluation.runner",
     "results_frame": "steer_hydra.evaluation.frames",
     "runs_frame": "steer_hydra.evaluation.frames",
     "samples_frame": "steer_hydra.evaluation.logs",
     "summarize_runs": "steer_hydra.evaluation.frames",
-    "paired_deltas": "steer_hydra.evaluation.deltas",
+    "paired_deltas": "steer_hydra.evaluation.stats",
     "results_from_logs": "steer_hydra.evaluation.logs",
 }
 

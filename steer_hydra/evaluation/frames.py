@@ -1,12 +1,15 @@
 """Results frames: run records turned into tidy pandas tables (one row per metric, cell, run or summary).
 
-- `results_frame(results)`: one row per (config, trial, suite, task, metric key) of a run's records;
+- `results_frame(results)`: one row per (arm, trial, suite, task, metric key) of a run's records;
 - `runs_frame`: one row per (configuration, trial) with chosen metrics as columns;
-- `cells_frame(results)`: one row per (config, trial, suite, task) with its log, metrics or not;
+- `cells_frame(results)`: one row per (arm, trial, suite, task) with its log, metrics or not;
 - `summarize_runs`: mean/std/sem over trials.
 
-Reading `.eval` logs (samples, results rebuilt from a save_dir) is `evaluation.logs`; paired statistics against the
-baseline are `evaluation.deltas`. Nothing here imports Inspect.
+Every frame names a run with the same columns (`RUN_ID_COLUMNS`): `arm` (the configuration's display name),
+`config_id` (the key every selection and join uses), `trial_id`, `seed` (the seed the run was launched with) and
+`trial_seed` (the seed derived per configuration and trial). Reading `.eval` logs (samples, results rebuilt from a
+save_dir) is `evaluation.logs`; paired statistics against the baseline are `evaluation.stats`. Nothing here imports
+Inspect.
 """
 
 from __future__ import annotations
@@ -18,25 +21,27 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-RESULT_COLUMNS = (
-    *("config", "config_id", "trial", "seed", "suite", "task"),
-    *("scorer", "metric", "value", "n", "failed", "log"),
-)
-CELL_COLUMNS = ("config", "config_id", "trial", "seed", "suite", "task", "log")
-RUN_ID_COLUMNS = ("pipeline", "config_id", "trial_id", "seed")
-SAMPLE_ID_COLUMNS = ("pipeline", "config_id", "trial_id", "seed", "suite", "task", "sample_id")
+RUN_ID_COLUMNS = ("arm", "config_id", "trial_id", "seed", "trial_seed")
+RESULT_COLUMNS = (*RUN_ID_COLUMNS, "suite", "task", "scorer", "metric", "value", "n", "failed", "log")
+CELL_COLUMNS = (*RUN_ID_COLUMNS, "suite", "task", "log")
+SAMPLE_ID_COLUMNS = (*RUN_ID_COLUMNS, "suite", "task", "sample_id")
 SCORE_LETTERS = frozenset({"C", "I", "P", "N"})
+
+
+def _run_ids(arm: str, record: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The `RUN_ID_COLUMNS` values of one run record."""
+    return (arm, record["config_id"], record["trial_id"], record.get("seed"), record.get("trial_seed"))
 
 
 # ---------------------------------------------------------------------------------------------- results frame
 def results_frame(results: Mapping[str, Sequence[Mapping[str, Any]]]) -> pd.DataFrame:
-    """Flatten `{name: [record, ...]}` (as `SteeringEval.run()` returns) into the results frame.
+    """Flatten `{arm: [record, ...]}` (as `SteeringEval.run()` returns) into the results frame.
 
     Columns are exactly `RESULT_COLUMNS`; each metric key is split at its first "/" into scorer and metric. `n` counts
     the scored samples the metric is over, `failed` the samples whose generation or scoring failed (no score).
     """
     rows = []
-    for config, records in results.items():
+    for arm, records in results.items():
         for record in records:
             for suite, tasks in (record.get("suites") or {}).items():
                 for task, result in tasks.items():
@@ -46,31 +51,22 @@ def results_frame(results: Mapping[str, Sequence[Mapping[str, Any]]]) -> pd.Data
                             scorer, metric = "", key
                         rows.append(
                             (
-                                config,
-                                record["config_id"],
-                                record["trial_id"],
-                                record.get("seed"),
-                                suite,
-                                task,
-                                scorer,
-                                metric,
-                                value,
-                                result.get("n"),
-                                result.get("failed", 0),
-                                result.get("log"),
+                                *_run_ids(arm, record),
+                                *(suite, task, scorer, metric, value),
+                                *(result.get("n"), result.get("failed", 0), result.get("log")),
                             )
                         )
     return pd.DataFrame(rows, columns=list(RESULT_COLUMNS))
 
 
 def cells_frame(results: Mapping[str, Sequence[Mapping[str, Any]]]) -> pd.DataFrame:
-    """One row per (config, trial, suite, task) of `{name: [record, ...]}` with its log; columns `CELL_COLUMNS`.
+    """One row per (arm, trial, suite, task) of `{arm: [record, ...]}` with its log; columns `CELL_COLUMNS`.
 
     Unlike the results frame, a task that reported no metrics (run with `score=False`) still has its row.
     """
     rows = [
-        (config, record["config_id"], record["trial_id"], record.get("seed"), suite, task, result.get("log"))
-        for config, records in results.items()
+        (*_run_ids(arm, record), suite, task, result.get("log"))
+        for arm, records in results.items()
         for record in records
         for suite, tasks in (record.get("suites") or {}).items()
         for task, result in tasks.items()
@@ -117,7 +113,7 @@ def _metric_rows(selected: pd.DataFrame, key: str) -> pd.DataFrame:
 def runs_frame(
     results_df: pd.DataFrame, metrics: Sequence[str] | str, *, suite: str | None = None, task: str | None = None
 ) -> pd.DataFrame:
-    """One row per (configuration, trial): `pipeline, config_id, trial_id, seed`, then each metric as a column.
+    """One row per (configuration, trial): `RUN_ID_COLUMNS`, then each metric as a column.
 
     A metric key with "/" matches `scorer/metric`; a bare key matches the metric column (and must be unique
     across scorers). With several suites or tasks in the results, select one with `suite=` / `task=`.
@@ -126,20 +122,19 @@ def runs_frame(
     if not metrics:
         raise ValueError("runs_frame needs at least one metric key, e.g. metrics=['accuracy'].")
     selected = _select(results_df, suite, task)
-    index = ["config", "config_id", "trial", "seed"]
+    index = list(RUN_ID_COLUMNS)
     merged: pd.DataFrame | None = None
     for key in metrics:
         rows = _metric_rows(selected, key)
-        duplicated = rows.duplicated(["config", "config_id", "trial"], keep=False)
+        duplicated = rows.duplicated(["arm", "config_id", "trial_id"], keep=False)
         if duplicated.any():
-            dupes = rows.loc[duplicated, ["config", "config_id", "trial"]].drop_duplicates().values.tolist()
-            raise ValueError(f"Metric {key!r} has several rows for (config, config_id, trial) {dupes}.")
+            dupes = rows.loc[duplicated, ["arm", "config_id", "trial_id"]].drop_duplicates().values.tolist()
+            raise ValueError(f"Metric {key!r} has several rows for (arm, config_id, trial_id) {dupes}.")
         part = rows[index + ["value"]].rename(columns={"value": key})
         merged = part if merged is None else merged.merge(part, on=index, how="outer")
     assert merged is not None
-    merged = merged.rename(columns={"config": "pipeline", "trial": "trial_id"})
     merged = merged[[*RUN_ID_COLUMNS, *metrics]]
-    return merged.sort_values(["pipeline", "config_id", "trial_id"], kind="stable").reset_index(drop=True)
+    return merged.sort_values(["arm", "config_id", "trial_id"], kind="stable").reset_index(drop=True)
 
 
 def attach_params(
@@ -168,7 +163,7 @@ def attach_params(
 def summarize_runs(
     runs: pd.DataFrame,
     metric_cols: Sequence[str],
-    group_cols: Sequence[str] = ("pipeline", "config_id"),
+    group_cols: Sequence[str] = ("arm", "config_id"),
     param_cols: Sequence[str] = (),
 ) -> pd.DataFrame:
     """Mean, std (ddof=1), sem and `n_trials` of each metric per group; param columns carry their first value.

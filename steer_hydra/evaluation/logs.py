@@ -1,13 +1,18 @@
-"""Reading `.eval` logs: one row per sample (`samples_frame`), failed samples, and results rebuilt from a save_dir.
+"""Reading a save_dir: `.eval` logs as one row per sample (`samples_frame`), failed samples, results and cells
+rebuilt from the logs, and the configuration records (`config_records`, `arm_names`).
 
 - `samples_frame`: one row per sample, scores joined to sample metadata, read from the `.eval` logs of the cells
   (so a run without metrics, e.g. `score=False`, still gives its samples);
+- `task_samples`: one samples frame per (suite, task) of some cells, every scorer (what the job, the sweep and
+  the study read);
 - `failed_samples`: the samples whose generation or scoring failed, with their first error line;
 - `results_from_logs` / `cells_from_logs`: the results and cells frames rebuilt from a `save_dir` alone, for all
   configurations or the given `config_ids` (the `success` log per task wins; superseded partial logs of an
-  interrupted run are ignored).
+  interrupted run are ignored);
+- `config_records`: `save_dir/configs/<config_id>.json`, one record per configuration a job evaluated there (its
+  arm name and canonical controls); `arm_names` maps config_id to arm.
 
-Inspect is imported lazily (only when logs are read).
+Columns follow `frames.RUN_ID_COLUMNS`. Inspect is imported lazily (only when logs are read).
 """
 
 from __future__ import annotations
@@ -20,14 +25,19 @@ from urllib.parse import urlparse
 
 import pandas as pd
 
+from steer_hydra.core.files import read_json
+from steer_hydra.core.identity import derive_trial_seed
 from steer_hydra.evaluation.frames import (
     CELL_COLUMNS,
+    RUN_ID_COLUMNS,
     SAMPLE_ID_COLUMNS,
     SCORE_LETTERS,
     _select,
     cells_frame,
     results_frame,
 )
+
+CONFIGS_DIR = "configs"  # save_dir/configs/<config_id>.json: the configuration records
 
 
 # ---------------------------------------------------------------------------------------------- samples
@@ -112,7 +122,8 @@ def samples_frame(
     """One row per sample of the selected (suite, task), for every configuration and trial, read from the logs.
 
     `results` is a results frame or a cells frame (`cells_frame`, `cells_from_logs`): only its cells and their log
-    locations are used. Columns: `pipeline, config_id, trial_id, seed, suite, task, sample_id`, then
+    locations are used. Columns: `SAMPLE_ID_COLUMNS` (`arm, config_id, trial_id, seed, trial_seed, suite, task,
+    sample_id`), then
     `metadata_keys` (None when a sample lacks one), then the score columns (`"scorer"` or `"scorer/dictkey"`;
     `scores=None` takes every scorer the samples hold, in first-seen order, and none for an unscored run), then
     `input` and `completion` with `include_text=True`. A sample that failed (its `error` is set) has None scores.
@@ -123,7 +134,7 @@ def samples_frame(
         if not scores:
             raise ValueError("samples_frame needs at least one score key, e.g. scores=['includes'] (or scores=None).")
     selected = _select(results, suite, task)
-    cells = selected[list(CELL_COLUMNS)].drop_duplicates(["config", "config_id", "trial", "suite", "task"])
+    cells = selected[list(CELL_COLUMNS)].drop_duplicates(["arm", "config_id", "trial_id", "suite", "task"])
     rows = []
     found: dict[str, None] = {}
     for cell in cells.itertuples(index=False):
@@ -131,15 +142,8 @@ def samples_frame(
         log = _read_eval_log(path)
         for sample in getattr(log, "samples", None) or []:
             metadata = getattr(sample, "metadata", None) or {}
-            row: dict[str, Any] = {
-                "pipeline": cell.config,
-                "config_id": cell.config_id,
-                "trial_id": cell.trial,
-                "seed": cell.seed,
-                "suite": cell.suite,
-                "task": cell.task,
-                "sample_id": sample.id,
-            }
+            row: dict[str, Any] = {c: getattr(cell, c) for c in RUN_ID_COLUMNS}
+            row.update(suite=cell.suite, task=cell.task, sample_id=sample.id)
             for key in metadata_keys:
                 row[key] = metadata.get(key)
             for key in scores if scores is not None else list(getattr(sample, "scores", None) or {}):
@@ -155,23 +159,30 @@ def samples_frame(
     data = {c: pd.Series([row[c] for row in rows]) for c in SAMPLE_ID_COLUMNS}
     data.update({c: _column_values([row.get(c) for row in rows]) for c in columns[len(SAMPLE_ID_COLUMNS) :]})
     frame = pd.DataFrame(data, columns=columns)
-    return _sort_samples(frame, ["pipeline", "config_id", "trial_id", "sample_id"])
+    return _sort_samples(frame, ["arm", "config_id", "trial_id", "sample_id"])
+
+
+def task_samples(cells: pd.DataFrame, log_root: str | Path | None, *, include_text: bool = True) -> list[pd.DataFrame]:
+    """One `samples_frame` per (suite, task) of `cells` (a cells or results frame), every scorer its logs hold."""
+    keys = cells[["suite", "task"]].drop_duplicates().itertuples(index=False)
+    return [
+        samples_frame(cells, log_root, scores=None, suite=k.suite, task=k.task, include_text=include_text) for k in keys
+    ]
 
 
 def failed_samples(cells: pd.DataFrame, log_root: str | Path | None) -> pd.DataFrame:
-    """One row per sample whose generation or scoring failed in the cells' logs: `config, config_id, trial, suite,
-    task, sample_id, error` (the first line of Inspect's error message)."""
+    """One row per sample whose generation or scoring failed in the cells' logs: `SAMPLE_ID_COLUMNS` and `error`
+    (the first line of Inspect's error message)."""
     rows = []
-    for cell in cells[list(CELL_COLUMNS)].drop_duplicates(["config_id", "trial", "suite", "task"]).itertuples():
+    for cell in cells[list(CELL_COLUMNS)].drop_duplicates(["config_id", "trial_id", "suite", "task"]).itertuples():
         log = _read_eval_log(resolve_log_path(cell.log, log_root))
         for sample in getattr(log, "samples", None) or []:
             error = getattr(sample, "error", None)
             if error is not None:
                 message = str(getattr(error, "message", error)).strip().splitlines()
-                rows.append(
-                    (cell.config, cell.config_id, cell.trial, cell.suite, cell.task, sample.id, (message or [""])[0])
-                )
-    return pd.DataFrame(rows, columns=["config", "config_id", "trial", "suite", "task", "sample_id", "error"])
+                ids = [getattr(cell, c) for c in RUN_ID_COLUMNS]
+                rows.append((*ids, cell.suite, cell.task, sample.id, (message or [""])[0]))
+    return pd.DataFrame(rows, columns=[*SAMPLE_ID_COLUMNS, "error"])
 
 
 def _sample_score_or_none(sample: Any, key: str, log: str) -> Any:
@@ -204,12 +215,10 @@ def _finished_logs(log_dir: Path) -> dict[str, tuple[str, Any]]:
 
 
 def _records_from_logs(
-    save_dir: Path,
-    names: Mapping[str, str] | None,
-    seeds: Mapping[tuple[str, int], Any] | None,
-    config_ids: Iterable[str] | None,
+    save_dir: Path, names: Mapping[str, str] | None, seed: int | None, config_ids: Iterable[str] | None
 ) -> dict[str, list[dict[str, Any]]]:
     root = save_dir / "inspect_logs"
+    names = arm_names(save_dir) if names is None else names
     wanted = None if config_ids is None else set(config_ids)
     records: dict[str, list[dict[str, Any]]] = {}
     for config_dir in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
@@ -226,12 +235,13 @@ def _records_from_logs(
                 if tasks:
                     suites[suite_dir.name] = tasks
             if suites:
-                name = (names or {}).get(config_dir.name, config_dir.name)
+                name = names.get(config_dir.name, config_dir.name)
                 records.setdefault(name, []).append(
                     {
                         "config_id": config_dir.name,
                         "trial_id": trial,
-                        "seed": (seeds or {}).get((config_dir.name, trial)),
+                        "seed": seed,
+                        "trial_seed": None if seed is None else derive_trial_seed(seed, config_dir.name, trial),
                         "suites": suites,
                     }
                 )
@@ -242,29 +252,44 @@ def results_from_logs(
     save_dir: str | Path,
     names: Mapping[str, str] | None = None,
     *,
-    seeds: Mapping[tuple[str, int], Any] | None = None,
+    seed: int | None = None,
     config_ids: Iterable[str] | None = None,
 ) -> pd.DataFrame:
     """The results frame rebuilt from `save_dir/inspect_logs/<config_id>/trial_<t>/<suite>/` alone.
 
     Per (config, trial, suite) cell and task, the newest finished log is read (status `success`, or `error` from
     failed samples only); logs left by an interrupted run (status `started`) and superseded logs are ignored.
-    `names` maps config_id to the pipeline name (default: the config_id); `seeds` maps (config_id, trial) to the
-    trial seed (default None); `config_ids` keeps only those configurations (default: every one in the save_dir).
-    Log locations are relative to `save_dir`.
+    `names` maps config_id to the arm (default: `arm_names(save_dir)`, else the config_id); `seed` is the seed the
+    save_dir was run with (its trial seeds are derived from it; None: unseeded); `config_ids` keeps only those
+    configurations (default: every one in the save_dir). Log locations are relative to `save_dir`.
     """
-    return results_frame(_records_from_logs(Path(save_dir), names, seeds, config_ids))
+    return results_frame(_records_from_logs(Path(save_dir), names, seed, config_ids))
 
 
 def cells_from_logs(
     save_dir: str | Path,
     names: Mapping[str, str] | None = None,
     *,
-    seeds: Mapping[tuple[str, int], Any] | None = None,
+    seed: int | None = None,
     config_ids: Iterable[str] | None = None,
 ) -> pd.DataFrame:
     """The cells frame (`cells_frame`) rebuilt from a save_dir's logs, with the arguments of `results_from_logs`."""
-    return cells_frame(_records_from_logs(Path(save_dir), names, seeds, config_ids))
+    return cells_frame(_records_from_logs(Path(save_dir), names, seed, config_ids))
+
+
+def config_records(save_dir: str | Path) -> dict[str, dict[str, Any]]:
+    """`{config_id: record}` of `save_dir/configs/*.json` (`arm`, `arm_name`, `config_id`, `controls`)."""
+    folder = Path(save_dir) / CONFIGS_DIR
+    records = {}
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        record = read_json(path)
+        records[record["config_id"]] = record
+    return records
+
+
+def arm_names(save_dir: str | Path) -> dict[str, str]:
+    """`{config_id: arm}` of every configuration recorded in `save_dir` (`config_records`)."""
+    return {config_id: record["arm"] for config_id, record in config_records(save_dir).items()}
 
 
 def _flatten_header(header: Any, location: str, save_dir: Path) -> dict[str, Any]:

@@ -4,7 +4,8 @@ Invariants:
 - every configuration is preflighted (`check()`) before any model loads;
 - one pipeline is built, steered and released per configuration (`PipelineFactory.steered`), even when a suite
   fails; the shared base model is freed at the end of `run()`;
-- each (configuration, trial) gets one seed (`derive_trial_seed`), handed to the provider as `base_seed`;
+- each (configuration, trial) gets one trial seed (`derive_trial_seed(seed, config_id, trial_id)`), handed to the
+  provider as the seed of requests that set none;
 - each (configuration, trial, suite) cell has its own log directory
   `save_dir/inspect_logs/<config_id>/trial_<t>/<suite>/`; the `.eval` logs there are the record of the run and
   the only checkpoint: re-running into the same `save_dir` completes only missing samples (a changed protocol
@@ -22,7 +23,6 @@ import hashlib
 import importlib.metadata
 import json
 import logging
-import os
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -33,6 +33,7 @@ from typing import Any
 import pandas as pd
 
 from steer_hydra.core.controls import declared_scopes
+from steer_hydra.core.files import write_json
 from steer_hydra.core.identity import canonical_json, canonical_value, derive_trial_seed, model_fingerprint
 from steer_hydra.core.rendering import has_chat_template
 from steer_hydra.core.source import ModelSource
@@ -42,9 +43,9 @@ from steer_hydra.core.sweeps import (
     expand_configurations,
     preflight,
 )
-from steer_hydra.evaluation.deltas import paired_deltas
 from steer_hydra.evaluation.frames import attach_params, cells_frame, results_frame, runs_frame, summarize_runs
 from steer_hydra.evaluation.logs import samples_frame
+from steer_hydra.evaluation.stats import paired_deltas
 from steer_hydra.evaluation.suite import InspectSuite
 
 logger = logging.getLogger(__name__)
@@ -71,13 +72,14 @@ class SteeringEval:
     """Evaluate steering configurations (fixed controls, `ControlSpec` sweeps, the empty baseline) on suites.
 
     Args:
-        pipelines: `{name: [] | [Control, ...] | [ControlSpec, ...]}`; `[]` is the baseline arm.
+        pipelines: `{arm: [] | [Control, ...] | [ControlSpec, ...]}`; `[]` is the baseline arm.
         source: the model every configuration starts from: a `ModelSource`, or a model reference
             (e.g. `steer_hydra:tiny`).
         suites: `InspectSuite`s with distinct names.
         backend: where generation runs (a `BackendSpec`, a kind string or None for Hugging Face).
         num_trials: repetitions of every (configuration, suite); each trial has its own seed and log directory.
-        seed: base seed; trial seeds are `derive_trial_seed(seed, config_id, trial)`. None: unseeded.
+        seed: the seed the run is launched with; trial seeds are `derive_trial_seed(seed, config_id, trial_id)`.
+            None: unseeded.
         provider_options: `ProviderOptions` for the Inspect provider (static runtime kwargs, batch size...).
         generate_defaults: generation settings for every suite (a suite's `generate_overrides` win).
         on_unsupported: "raise" (one error listing every unsupported configuration) or "skip" (warn, run the rest).
@@ -153,16 +155,16 @@ class SteeringEval:
 
     # ------------------------------------------------------------------------------------------ run
     def run(self) -> dict[str, list[dict[str, Any]]]:
-        """Evaluate every configuration x trial x suite; returns `{pipeline name: [run record, ...]}`.
+        """Evaluate every configuration x trial x suite; returns `{arm: [run record, ...]}`.
 
-        A run record holds `trial_id`, `seed`, `config_id`, `params`, `suites` (`{suite: {task: {"metrics",
-        "n", "failed", "log"}}}`, logs relative to `save_dir`) and `provenance`.
+        A run record holds `config_id`, `trial_id`, `seed`, `trial_seed`, `params`, `suites` (`{suite: {task:
+        {"metrics", "n", "failed", "log"}}}`, logs relative to `save_dir`) and `provenance`.
         """
         points = expand_configurations(self.pipelines, self.base_model_name_or_path)
         reports = preflight(points, source=self.source, backend=self.backend)
         bad = [r for r in reports if not r.ok]
         if bad and self.on_unsupported == "raise":
-            lines = [f"  - {r.point.pipeline_name} [{r.point.config_id}]: {m}" for r in bad for m in r.failures]
+            lines = [f"  - {r.point.arm} [{r.point.config_id}]: {m}" for r in bad for m in r.failures]
             raise RuntimeError(
                 "Unsupported pipeline configuration(s):\n"
                 + "\n".join(lines)
@@ -171,7 +173,7 @@ class SteeringEval:
         for report in bad:
             logger.warning(
                 "Skipping unsupported configuration: %s [%s]: %s",
-                report.point.pipeline_name,
+                report.point.arm,
                 report.point.config_id,
                 "; ".join(report.failures),
             )
@@ -210,12 +212,12 @@ class SteeringEval:
                 if reused is not None:
                     logger.info(
                         "Reusing %s [%s]: all %d cell(s) are complete in %s; no model loaded.",
-                        point.pipeline_name,
+                        point.arm,
                         point.config_id,
                         len(reused) * len(self.suites),
                         root,
                     )
-                    results[point.pipeline_name].extend(reused)
+                    results[point.arm].extend(reused)
                     cell += len(reused) * len(self.suites)
                     continue
                 controls = point.controls_factory()
@@ -231,7 +233,7 @@ class SteeringEval:
                                 "Cell %d/%d: %s [%s] trial %d suite %s",
                                 cell,
                                 n_cells,
-                                point.pipeline_name,
+                                point.arm,
                                 point.config_id,
                                 trial,
                                 suite.name,
@@ -243,7 +245,7 @@ class SteeringEval:
                                     pipeline,
                                     log_dir=log_dir,
                                     options=self.provider_options,
-                                    base_seed=seed_t,
+                                    trial_seed=seed_t,
                                     model_name=_logged_model_name(log_dir) or model_label(controls, point.config_id),
                                     generate_defaults=self.generate_defaults,
                                     display=self.display,
@@ -254,7 +256,7 @@ class SteeringEval:
                                 for task, result in out.items()
                             }
                             self._index_cell(root, point.config_id, trial, suite, suites_out[suite.name], static)
-                        results[point.pipeline_name].append(self._record(point, trial, suites_out, static))
+                        results[point.arm].append(self._record(point, trial, suites_out, static))
         finally:
             bar.close()
             factory.release()
@@ -264,14 +266,14 @@ class SteeringEval:
     def _log_labels(self, point: Any, controls: Sequence[Any], trial: int) -> dict[str, Any]:
         """`tags` and `metadata` of a cell's Inspect logs: arm, config_id, controls, trial, base model, extras."""
         metadata = {
-            "arm": point.pipeline_name,
+            "arm": point.arm,
             "config_id": point.config_id,
             "controls": canonical_value(config_descriptor_from_controls(controls)),
-            "trial": trial,
+            "trial_id": trial,
             "base_model": self.base_model_name_or_path,
             **self.log_metadata,
         }
-        return {"tags": [point.pipeline_name, point.config_id], "metadata": metadata}
+        return {"tags": [point.arm, point.config_id], "metadata": metadata}
 
     def _trial_seed(self, config_id: str, trial: int) -> int | None:
         return derive_trial_seed(self.seed, config_id, trial) if self.seed is not None else None
@@ -279,20 +281,14 @@ class SteeringEval:
     def _record(
         self, point: Any, trial: int, suites_out: dict[str, Any], static: Mapping[str, Any], *, reused: bool = False
     ) -> dict[str, Any]:
-        seed_t = self._trial_seed(point.config_id, trial)
         return {
-            "trial_id": trial,
-            "seed": seed_t,
             "config_id": point.config_id,
+            "trial_id": trial,
+            "seed": self.seed,
+            "trial_seed": self._trial_seed(point.config_id, trial),
             "params": {spec: dict(kwargs) for spec, kwargs in point.params.items()},
             "suites": suites_out,
-            "provenance": {
-                **static,
-                "base_seed": self.seed,
-                "trial_seed": seed_t,
-                "recorded_utc": datetime.now(UTC).isoformat(),
-                "reused": reused,
-            },
+            "provenance": {**static, "recorded_utc": datetime.now(UTC).isoformat(), "reused": reused},
         }
 
     def _cell_key(self, config_id: str, trial: int, suite: InspectSuite) -> str | None:
@@ -320,10 +316,7 @@ class SteeringEval:
         if key is None or self.save_dir is None or not tasks or any(t.get("failed") for t in tasks.values()):
             return  # a cell with failed samples stays unindexed: a re-run retries them (Inspect reuses the rest)
         path = root / "cells" / config_id / f"trial_{trial}" / f"{suite.name}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"key": key, "tasks": tasks, "static": static}, default=str))
-        os.replace(tmp, path)  # atomic: a concurrent reader sees the old index or the new one
+        write_json(path, {"key": key, "tasks": tasks, "static": static})  # a concurrent reader sees old or new
 
     def _reused_records(self, point: Any, root: Path) -> list[dict[str, Any]] | None:
         """The records of a configuration whose every cell is indexed under the current key, else None."""
@@ -398,7 +391,7 @@ class SteeringEval:
         return self._results
 
     def results(self) -> pd.DataFrame:
-        """One row per (config, trial, suite, task, metric key); see `frames.results_frame`."""
+        """One row per (arm, trial, suite, task, metric key); see `frames.results_frame`."""
         return results_frame(self._require_results())
 
     def runs_frame(
@@ -445,7 +438,7 @@ class SteeringEval:
         baseline: str = "baseline",
         **kwargs: Any,
     ) -> pd.DataFrame:
-        """`deltas.paired_deltas` of one (suite, task) of this run against `baseline`."""
+        """`stats.paired_deltas` of one (suite, task) of this run against `baseline` (an arm or a config_id)."""
         samples = self.samples_frame(scores, suite=suite, task=task)
         return paired_deltas(samples, scores, baseline=baseline, **kwargs)
 

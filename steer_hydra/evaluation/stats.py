@@ -1,67 +1,222 @@
-"""Study statistics over per-sample frames: cluster-paired bootstrap deltas, changed-output and degenerate rates.
+"""The one statistics module: per-sample means, paired deltas vs the baseline with their confidence interval, the
+changed share and the degenerate rate. Every table the job, the sweep and the study report comes from here.
 
 Invariants (what the numbers mean):
-- samples are the clusters: every score is first averaged per (configuration, sample) over all its trials and
-  seeds, then arm and baseline are paired on `sample_id`, and the bootstrap resamples samples (never single
-  generations), so repeated trials narrow the interval only as far as they reduce per-sample noise;
-- `changed_fraction`: the share of paired samples where the arm's completion differs from the baseline's in at
-  least one common trial (same `trial_id`) - how often the method changed the output at all;
-- `degenerate_rate`: the share of an arm's generations flagged degenerate (`fluency < threshold` when a fluency
-  column is given, else by the caller's `is_degenerate(text)`).
-All functions are pure: frames in, frames out, a fixed bootstrap seed.
+- samples are the clusters: a score is first averaged per (configuration, sample) over all its runs (a run is a
+  (`seed`, `trial_id`) pair: seeds pool as further trials), then arm and baseline are paired on `sample_id`, and
+  the bootstrap resamples samples, never single generations; repeated trials narrow the interval only as far as
+  they reduce per-sample noise;
+- `delta` is the mean of the paired per-sample differences; its interval is a seeded percentile bootstrap over
+  samples (`numpy.random.default_rng(seed)`, fresh per row, so a row's interval does not depend on which other
+  arms are present) or, with `method="normal"`, `delta +/- z * sd / sqrt(n)`; with one pair it is NaN;
+- `changed`: per sample, the share of its runs whose completion differs from the baseline's completion in the
+  same run (paired on `seed` and `trial_id`), averaged over samples. At temperature 0 it is the share of samples whose
+  output changed; under sampling it estimates how often a generation differs, not whether any ever did;
+- `degenerate_rate`: the share of an arm's generations flagged degenerate (`fluency < threshold` for a fluency
+  score column, else by the caller's `is_degenerate(text)`).
+All functions are pure: frames in, frames out.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Sequence
+from statistics import NormalDist
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-SAMPLE_KEYS = ("pipeline", "config_id", "sample_id")
+logger = logging.getLogger(__name__)
+
+DELTA_METHODS = ("bootstrap", "normal")
+SCORE_VALUES = {"C": 1.0, "I": 0.0, "P": 0.5, "N": 0.0}  # Inspect's letter grades as numbers
+DELTA_COLUMNS = (
+    "metric", "n", "baseline_mean", "arm_mean", "delta", "ci_low", "ci_high", "se", "n_trials", "n_trials_baseline",
+    "changed", "confidence", "method",
+)  # fmt: skip
 
 
-def per_sample_means(samples: pd.DataFrame, score: str, keys: Sequence[str] = SAMPLE_KEYS) -> pd.DataFrame:
-    """`keys + [score, n_trials]`: the score averaged over trials and seeds of each (configuration, sample)."""
-    values = pd.to_numeric(samples[score], errors="coerce")
-    frame = samples[list(keys)].assign(_value=values, _trial=samples.get("trial_id", 0))
+def numeric_scores(series: pd.Series, metric: str) -> pd.Series:
+    """A score column as floats: numbers and bools as they are, the letters C/I/P/N as 1/0/0.5/0, None as NaN."""
+
+    def convert(value: Any) -> float:
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return math.nan
+        if isinstance(value, str) and value in SCORE_VALUES:
+            return SCORE_VALUES[value]
+        if isinstance(value, (bool, int, float, np.number)):
+            return float(value)
+        raise TypeError(
+            f"Score column {metric!r} holds a non-numeric value {value!r}; compare numeric scores (select a dict "
+            "key as 'scorer/key' in samples_frame)."
+        )
+
+    return series.map(convert).astype(float)
+
+
+def run_keys(samples: pd.DataFrame) -> list[str]:
+    """The columns that identify one run of a sample: `seed` (when the frame has it) and `trial_id`."""
+    return [c for c in ("seed", "trial_id") if c in samples.columns]
+
+
+def per_sample_means(
+    samples: pd.DataFrame, score: str, keys: Sequence[str] = ("arm", "config_id", "sample_id")
+) -> pd.DataFrame:
+    """`keys + [score, n_trials]`: the score averaged over the runs (trials, seeds) of each (configuration, sample);
+    `n_trials` counts those runs."""
+    runs = samples[run_keys(samples)].astype(str).agg("/".join, axis=1)
+    frame = samples[list(keys)].assign(_value=numeric_scores(samples[score], score), _run=runs)
     grouped = frame.groupby(list(keys), sort=True, dropna=False)
-    out = grouped.agg(**{score: ("_value", "mean"), "n_trials": ("_trial", "nunique")}).reset_index()
-    return out
+    return grouped.agg(**{score: ("_value", "mean"), "n_trials": ("_run", "nunique")}).reset_index()
 
 
-def paired_bootstrap(
-    arm: np.ndarray, base: np.ndarray, *, n_resamples: int = 10_000, confidence: float = 0.95, seed: int = 0
-) -> tuple[float, float, float]:
-    """`(delta, ci_low, ci_high)` of mean(arm - base) over paired samples; a percentile bootstrap over samples."""
-    diffs = np.asarray(arm, dtype=float) - np.asarray(base, dtype=float)
-    if diffs.size == 0:
-        return math.nan, math.nan, math.nan
-    delta = float(diffs.mean())
-    if diffs.size == 1:
-        return delta, math.nan, math.nan
+def confidence_interval(
+    diffs: np.ndarray, *, confidence: float = 0.95, method: str = "bootstrap", n_resamples: int = 10_000, seed: int = 0
+) -> tuple[float, float]:
+    """The interval of mean(diffs): a percentile bootstrap over the pairs, or the normal approximation."""
+    if diffs.size < 2:
+        return math.nan, math.nan
+    if method == "normal":
+        mean, se = float(diffs.mean()), float(diffs.std(ddof=1) / math.sqrt(diffs.size))
+        z = NormalDist().inv_cdf(1 - (1 - confidence) / 2)
+        return mean - z * se, mean + z * se
     rng = np.random.default_rng(seed)
     means = diffs[rng.integers(0, diffs.size, size=(n_resamples, diffs.size))].mean(axis=1)
     alpha = 1.0 - confidence
     low, high = np.quantile(means, [alpha / 2, 1 - alpha / 2])
-    return delta, float(low), float(high)
+    return float(low), float(high)
 
 
-def changed_fraction(samples: pd.DataFrame, baseline_config: str) -> pd.DataFrame:
-    """Per configuration: share of samples whose completion differs from the baseline's in a common trial."""
-    base = samples[samples["config_id"] == baseline_config][["sample_id", "trial_id", "completion"]]
+def _baseline_config_id(samples: pd.DataFrame, baseline: str) -> str:
+    """The one config_id `baseline` names (an arm name or a config_id)."""
+    is_base = samples["arm"] == baseline
+    if not is_base.any():
+        is_base = samples["config_id"] == baseline
+    if not is_base.any():
+        raise ValueError(
+            f"Baseline {baseline!r} matches no arm or config_id; arms: {sorted(map(str, samples['arm'].unique()))}. "
+            "Fix: pass baseline=<an arm name or config_id in the frame>."
+        )
+    ids = sorted(samples.loc[is_base, "config_id"].unique())
+    if len(ids) > 1:
+        raise ValueError(f"Baseline {baseline!r} spans several configurations {ids}. Fix: pass one config_id.")
+    return ids[0]
+
+
+def changed_share(samples: pd.DataFrame, baseline: str, group_cols: Sequence[str] = ("suite", "task")) -> pd.DataFrame:
+    """Per (arm, config_id, *group_cols): `changed` (see the module docstring) and `n_changed` (paired samples).
+
+    `samples` needs a `completion` column (`samples_frame(..., include_text=True)`); NaN where no trial pairs.
+    """
+    group_cols = list(group_cols)
+    base_id = _baseline_config_id(samples, baseline)
+    columns = ["arm", "config_id", *group_cols, "changed", "n_changed"]
+    on = [*group_cols, "sample_id", *run_keys(samples)]
+    base = samples.loc[samples["config_id"] == base_id, [*on, "completion"]]
+    arms = samples[samples["config_id"] != base_id]
+    paired = arms.merge(base, on=on, suffixes=("", "_base"))
+    paired = paired.assign(_changed=(paired["completion"] != paired["completion_base"]).astype(float))
+    keys = ["arm", "config_id", *group_cols]
+    per_sample = paired.groupby([*keys, "sample_id"], sort=True, dropna=False)["_changed"].mean().reset_index()
+    out = (
+        per_sample.groupby(keys, sort=True, dropna=False)
+        .agg(changed=("_changed", "mean"), n_changed=("sample_id", "nunique"))
+        .reset_index()
+    )
+    unpaired = arms[keys].drop_duplicates().merge(out[keys], how="left", indicator=True)
+    unpaired = unpaired[unpaired["_merge"] == "left_only"].drop(columns="_merge")
+    out = pd.concat([out, unpaired.assign(changed=math.nan, n_changed=0)], ignore_index=True)
+    return out[columns].sort_values(keys, kind="stable").reset_index(drop=True)
+
+
+def paired_deltas(
+    samples: pd.DataFrame,
+    scores: Sequence[str] | str,
+    *,
+    baseline: str = "baseline",
+    confidence: float = 0.95,
+    method: str = "bootstrap",
+    n_resamples: int = 10_000,
+    seed: int = 0,
+    group_cols: Sequence[str] = ("suite", "task"),
+    include_baseline: bool = False,
+) -> pd.DataFrame:
+    """Paired per-sample differences of every arm against the baseline, per (*group_cols, metric).
+
+    Args:
+        samples: a samples frame (`samples_frame`), possibly several tasks, suites, trials or seeds.
+        scores: the numeric score columns to compare.
+        baseline: the baseline, an arm name or a config_id.
+        group_cols: the columns that split the comparison (a sample id is unique within one group).
+        include_baseline: also give the baseline's own rows (paired with itself: delta 0, changed 0), so a table
+            shows its means beside the arms'.
+
+    Returns:
+        One row per (arm, config_id, *group_cols, metric) with `DELTA_COLUMNS`: `n` paired samples, both means,
+        `delta`, `ci_low`, `ci_high`, `se` (sd of the differences / sqrt(n)), the trials per sample of each side,
+        `changed` (NaN without a `completion` column), `confidence` and `method`. Samples one side lacks are left
+        out (and logged).
+    """
+    scores = [scores] if isinstance(scores, str) else list(scores)
+    if not scores:
+        raise ValueError("paired_deltas needs at least one score column, e.g. scores=['includes'].")
+    if method not in DELTA_METHODS:
+        raise ValueError(f"paired_deltas: method must be one of {DELTA_METHODS}; got {method!r}.")
+    if not 0 < confidence < 1:
+        raise ValueError(f"paired_deltas: confidence must be in (0, 1); got {confidence!r}.")
+    group_cols = list(group_cols)
+    missing = [c for c in ["arm", "config_id", "trial_id", "sample_id", *group_cols, *scores] if c not in samples]
+    if missing:
+        raise KeyError(f"paired_deltas: columns {missing} are missing from the samples frame.")
+    base_id = _baseline_config_id(samples, baseline)
+    keys = ["arm", "config_id", *group_cols]
+    changed = changed_share(samples, base_id, group_cols) if "completion" in samples else None
     rows = []
-    for (pipeline, config_id), arm in samples[samples["config_id"] != baseline_config].groupby(
-        ["pipeline", "config_id"], sort=True
-    ):
-        paired = arm.merge(base, on=["sample_id", "trial_id"], suffixes=("", "_base"))
-        if paired.empty:
-            rows.append({"pipeline": pipeline, "config_id": config_id, "changed_fraction": math.nan})
-            continue
-        changed = (paired["completion"] != paired["completion_base"]).groupby(paired["sample_id"]).any()
-        rows.append({"pipeline": pipeline, "config_id": config_id, "changed_fraction": float(changed.mean())})
-    return pd.DataFrame(rows, columns=["pipeline", "config_id", "changed_fraction"])
+    for metric in scores:
+        means = per_sample_means(samples, metric, keys=[*keys, "sample_id"])
+        base = means[means["config_id"] == base_id].drop(columns=["arm", "config_id"])
+        compared = means if include_baseline else means[means["config_id"] != base_id]
+        for group, arm in compared.groupby(keys, sort=True, dropna=False):
+            group_key = dict(zip(keys, group, strict=True))
+            base_rows = base
+            for column in group_cols:
+                base_rows = base_rows[base_rows[column] == group_key[column]]
+            paired = arm.merge(base_rows, on=[*group_cols, "sample_id"], suffixes=("", "_base"))
+            paired = paired.dropna(subset=[metric, f"{metric}_base"])
+            dropped = len(arm) + len(base_rows) - 2 * len(paired)
+            if dropped:
+                logger.info("paired_deltas: %s: %d sample(s) not held by both sides are left out.", group_key, dropped)
+            diffs = (paired[metric] - paired[f"{metric}_base"]).to_numpy(dtype=float)
+            n = diffs.size
+            low, high = confidence_interval(
+                diffs, confidence=confidence, method=method, n_resamples=n_resamples, seed=seed
+            )
+            rows.append(
+                {
+                    **group_key,
+                    "metric": metric,
+                    "n": n,
+                    "baseline_mean": float(paired[f"{metric}_base"].mean()) if n else math.nan,
+                    "arm_mean": float(paired[metric].mean()) if n else math.nan,
+                    "delta": float(diffs.mean()) if n else math.nan,
+                    "ci_low": low,
+                    "ci_high": high,
+                    "se": float(diffs.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan,
+                    "n_trials": int(paired["n_trials"].max()) if n else 0,
+                    "n_trials_baseline": int(paired["n_trials_base"].max()) if n else 0,
+                    "confidence": confidence,
+                    "method": method,
+                }
+            )
+    out = pd.DataFrame(rows, columns=[*keys, *[c for c in DELTA_COLUMNS if c != "changed"]])
+    if changed is not None and not out.empty:
+        out = out.merge(changed[[*keys, "changed"]], on=keys, how="left")
+        out.loc[out["config_id"] == base_id, "changed"] = 0.0
+    else:
+        out = out.assign(changed=math.nan)
+    return out[[*keys, *DELTA_COLUMNS]]
 
 
 def degenerate_rate(
@@ -71,73 +226,13 @@ def degenerate_rate(
     threshold: float = 0.5,
     is_degenerate: Callable[[str], bool] | None = None,
 ) -> pd.DataFrame:
-    """Per configuration: share of generations that are degenerate (see the module docstring)."""
+    """Per (arm, config_id): `degenerate_rate`, the share of generations that are degenerate (module docstring)."""
     if fluency is not None:
         flags = pd.to_numeric(samples[fluency], errors="coerce") < threshold
     elif is_degenerate is not None:
         flags = samples["completion"].fillna("").map(is_degenerate).astype(bool)
     else:
         raise ValueError("degenerate_rate needs fluency=<score column> or is_degenerate=<function of the text>.")
-    frame = samples[["pipeline", "config_id"]].assign(_flag=flags.astype(float))
-    out = frame.groupby(["pipeline", "config_id"], sort=True)["_flag"].mean().rename("degenerate_rate")
+    frame = samples[["arm", "config_id"]].assign(_flag=flags.astype(float))
+    out = frame.groupby(["arm", "config_id"], sort=True)["_flag"].mean().rename("degenerate_rate")
     return out.reset_index()
-
-
-def arm_statistics(
-    samples: pd.DataFrame,
-    scores: Sequence[str],
-    *,
-    baseline_config: str,
-    fluency: str | None = None,
-    degenerate_threshold: float = 0.5,
-    n_resamples: int = 10_000,
-    confidence: float = 0.95,
-    seed: int = 0,
-) -> pd.DataFrame:
-    """One row per (configuration, score): means, the paired delta vs the baseline with its bootstrap CI.
-
-    Columns: `pipeline, config_id, metric, n, n_trials, baseline_mean, arm_mean, delta, ci_low, ci_high`, and
-    `changed_fraction` / `degenerate_rate` when the frame has completions / the fluency column. The baseline's
-    own rows (delta 0) are included so its degenerate rate is reported too.
-    """
-    if not (samples["config_id"] == baseline_config).any():
-        raise ValueError(f"arm_statistics: no rows of the baseline configuration {baseline_config!r}.")
-    rows = []
-    for score in scores:
-        means = per_sample_means(samples, score)
-        base = means[means["config_id"] == baseline_config].set_index("sample_id")[score]
-        for (pipeline, config_id), arm in means.groupby(["pipeline", "config_id"], sort=True):
-            arm = arm.set_index("sample_id")[score]
-            common = arm.index.intersection(base.index)
-            pair = pd.DataFrame({"arm": arm.loc[common], "base": base.loc[common]}).dropna()
-            delta, low, high = paired_bootstrap(
-                pair["arm"].to_numpy(),
-                pair["base"].to_numpy(),
-                n_resamples=n_resamples,
-                confidence=confidence,
-                seed=seed,
-            )
-            trials = means[(means["config_id"] == config_id)]["n_trials"]
-            rows.append(
-                {
-                    "pipeline": pipeline,
-                    "config_id": config_id,
-                    "metric": score,
-                    "n": len(pair),
-                    "n_trials": int(trials.max()) if len(trials) else 0,
-                    "baseline_mean": float(pair["base"].mean()) if len(pair) else math.nan,
-                    "arm_mean": float(pair["arm"].mean()) if len(pair) else math.nan,
-                    "delta": delta,
-                    "ci_low": low,
-                    "ci_high": high,
-                }
-            )
-    out = pd.DataFrame(rows)
-    if "completion" in samples:
-        changed = changed_fraction(samples, baseline_config)
-        out = out.merge(changed, on=["pipeline", "config_id"], how="left")
-        out.loc[out["config_id"] == baseline_config, "changed_fraction"] = 0.0
-    if fluency is not None and fluency in samples:
-        degenerate = degenerate_rate(samples, fluency=fluency, threshold=degenerate_threshold)
-        out = out.merge(degenerate, on=["pipeline", "config_id"], how="left")
-    return out

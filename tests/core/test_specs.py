@@ -95,10 +95,10 @@ def test_resolve_params_evaluates_factories_with_search_params_and_overlays_chos
     plain = len  # a plain callable passes unchanged
     spec = ControlSpec(
         Knob,
-        params={"tag": Factory(lambda ctx: f"{ctx['pipeline_name']}-{ctx['search_params']['alpha']}"), "fn": plain},
+        params={"tag": Factory(lambda ctx: f"{ctx['arm']}-{ctx['search_params']['alpha']}"), "fn": plain},
         vars={"alpha": [0.5]},
     )
-    resolved = spec.resolve_params({"alpha": 0.5}, {"pipeline_name": "arm"})
+    resolved = spec.resolve_params({"alpha": 0.5}, {"arm": "arm"})
     assert resolved == {"tag": "arm-0.5", "fn": plain, "alpha": 0.5}
 
 

@@ -93,7 +93,7 @@ class Rebuild(StructuralControl):
 def test_baseline_and_fixed_controls():
     sp = SystemPrompt(text="Be brief.")
     points = expand_configurations({"baseline": [], "sys": [sp]}, TINY_REF)
-    assert [p.pipeline_name for p in points] == ["baseline", "sys"]
+    assert [p.arm for p in points] == ["baseline", "sys"]
     assert points[0].config_id == "baseline" and points[0].controls_factory() == [] and points[0].is_baseline
     assert HEX12.match(points[1].config_id)
     assert points[1].params == {}
@@ -131,7 +131,7 @@ def test_factories_see_the_point_context():
     spec = ControlSpec(Knob, params={"layer": Factory(lambda ctx: seen.append(dict(ctx)) or 3)}, vars={"alpha": [1.0]})
     point = expand_configurations({"arm": [spec]}, "base-model")[0]
     assert point.controls_factory()[0].layer == 3
-    assert seen[0]["pipeline_name"] == "arm"
+    assert seen[0]["arm"] == "arm"
     assert seen[0]["base_model_name_or_path"] == "base-model"
     assert seen[0]["combo_id"] == 0
     assert seen[0]["search_params"] == {"alpha": 1.0}

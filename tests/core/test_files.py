@@ -9,7 +9,7 @@ import time
 import pandas as pd
 import pytest
 
-from steer_hydra.app.files import atomic_write_text, locked, read_json, write_csv, write_json
+from steer_hydra.core.files import atomic_write_text, locked, read_json, write_csv, write_json
 
 
 def test_atomic_write_replaces_whole_and_leaves_no_temporary(tmp_path):
