@@ -1,6 +1,7 @@
-"""The README's fenced examples stay true: every command is run (offline ones, with the tiny model and small limits)
-or composed (those that need a GPU, the Hub or a cluster), every arm YAML runs from a user's search path, and every
-Python example's imports resolve."""
+"""The README's and docs/'s fenced examples stay true: every bash command is run (offline ones, with the tiny model
+and small limits) or composed and planned (those that need a GPU, the Hub or a cluster), every arm YAML runs from a
+user's search path, every Python example's imports resolve, and every relative link points at a file and heading
+that exist. A command that appears in several files is checked once."""
 
 from __future__ import annotations
 
@@ -17,10 +18,17 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 SMALL = ["logger=none", "suite.limit=1", "suite.generate_overrides.max_tokens=4", "progress=false"]
 # commands that need a GPU, the Hub, a cluster or a long time: composed and planned, not run
 NOT_OFFLINE = ("llama", "qwen", "smollm2-135m", "suite=capability", "suite=instruction_following", "submitit_slurm",
                "backend=vllm", "experiment=concept_steering")  # fmt: skip
+PYTHONS = ("python", "python3", ".venv/bin/python", ".venv-vllm/bin/python")
+
+
+def documents() -> list[Path]:
+    """The README first, then every page of docs/."""
+    return [README, *sorted(DOCS.glob("*.md"))]
 
 
 def fenced_blocks(text: str) -> list[tuple[str, str]]:
@@ -28,38 +36,77 @@ def fenced_blocks(text: str) -> list[tuple[str, str]]:
     return [(m.group(1), m.group(2)) for m in re.finditer(r"^```(\w*)\n(.*?)^```", text, re.M | re.S)]
 
 
+def _blocks(language: str) -> list[tuple[Path, str]]:
+    """`(file, body)` of every block in `language`, identical bodies once."""
+    seen: dict[str, Path] = {}
+    for path in documents():
+        for lang, body in fenced_blocks(path.read_text()):
+            if lang == language:
+                seen.setdefault(body, path)
+    return [(path, body) for body, path in seen.items()]
+
+
+def normalize(args: list[str]) -> list[str]:
+    """The interpreter spelled `python` whatever its venv: the same command in two files is one command."""
+    return ["python", *args[1:]] if args[0] in PYTHONS else args
+
+
 def commands(body: str) -> list[list[str]]:
-    """A bash block's commands as argument lists (continuation lines joined, comments dropped)."""
+    """A bash block's commands as argument lists (continuation lines joined, comments dropped, `a && b` split)."""
     out = []
     for line in body.replace("\\\n", " ").splitlines():
         args = shlex.split(line, comments=True)
-        if args:
-            out.append(args)
+        while args:
+            cut = args.index("&&") if "&&" in args else len(args)
+            out.append(normalize(args[:cut]))
+            args = args[cut + 1 :]
     return out
 
 
-def _readme_commands() -> list[list[str]]:
-    return [c for lang, body in fenced_blocks(README.read_text()) if lang == "bash" for c in commands(body)]
+def _doc_commands() -> list[list[str]]:
+    """Every bash command of the README and docs/, each distinct one once, in order of first appearance."""
+    found: dict[tuple[str, ...], list[str]] = {}
+    for _, body in _blocks("bash"):
+        for args in commands(body):
+            found.setdefault(tuple(args), args)
+    return list(found.values())
 
 
 def kind(args: list[str]) -> str:
-    """run | compose | view | aggregate | setup: what the test does with a README command."""
+    """What the test does with a documented command: run | compose | view | inspect_eval | aggregate | study |
+    setup | pytest (this suite itself: nothing) | unknown."""
     if args[0].startswith("scripts/"):
         return "setup"
     if args[:2] == ["inspect", "view"]:
         return "view"
+    if args[:2] == ["inspect", "eval"]:
+        return "inspect_eval"
+    if args[:3] == ["python", "-m", "pytest"]:
+        return "pytest"
     if args[:3] == ["python", "-m", "steer_hydra.aggregate"]:
         return "aggregate"
+    if args[:3] == ["python", "-m", "steer_hydra.study"]:
+        return "study"
     if args[:3] == ["python", "-m", "steer_hydra"]:
         return "compose" if any(marker in " ".join(args) for marker in NOT_OFFLINE) else "run"
     return "unknown"
 
 
-def test_every_readme_command_is_one_the_test_knows():
-    found = _readme_commands()
+def test_every_documented_command_is_one_the_test_knows():
+    found = _doc_commands()
     assert len(found) >= 8
     unknown = [shlex.join(c) for c in found if kind(c) == "unknown"]
-    assert not unknown, f"README commands this test cannot run or check: {unknown}. Fix: teach tests/test_readme.py"
+    assert not unknown, f"Documented commands this test cannot run or check: {unknown}. Fix: teach tests/test_readme.py"
+    missing = [shlex.join(c) for c in found if kind(c) == "setup" and not os.access(ROOT / c[0], os.X_OK)]
+    assert not missing, f"Documented scripts that are missing or not executable: {missing}"
+
+
+def test_readme_starts_with_the_two_commands():
+    lang, body = fenced_blocks(README.read_text())[0]
+    assert lang == "bash"
+    assert [shlex.join(c) for c in commands(body)] == [
+        "scripts/setup.sh", "python -m steer_hydra", "scripts/setup.sh --dev", "python -m pytest -q",
+    ]  # fmt: skip
 
 
 def _small(args: list[str], number: int) -> list[str]:
@@ -99,11 +146,21 @@ def _main_in_process(args: list[str], cwd: Path, monkeypatch: pytest.MonkeyPatch
     return capsys.readouterr().out
 
 
+def _inspect_eval_small(args: list[str], log_dir: Path) -> list[str]:
+    """An `inspect eval` command with the tiny model, one sample, four tokens and its own log folder."""
+    out = list(args[1:])  # from "eval" on
+    for i, arg in enumerate(out[:-1]):
+        if arg == "-M" and out[i + 1].startswith("base_model="):
+            out[i + 1] = "base_model=tiny"
+    assert "base_model=tiny" in out, f"{shlex.join(args)}: give the model as -M base_model=..."
+    return [*out, "--limit", "1", "--max-tokens", "4", "--log-dir", str(log_dir), "--display", "none"]
+
+
 @pytest.mark.slow
-def test_offline_readme_commands_run_and_their_paths_exist(tmp_path, monkeypatch, capsys):
-    found = _readme_commands()
+def test_offline_documented_commands_run_and_their_paths_exist(tmp_path, monkeypatch, capsys):
+    found = _doc_commands()
     runs = [c for c in found if kind(c) == "run"]
-    assert runs
+    assert runs and runs[0] == ["python", "-m", "steer_hydra"], "the first command run must be the default job"
     for number, args in enumerate(runs):
         small = _small(args, number)
         if "--multirun" in args or "--help" in args:  # a sweep and its launcher: the real command line
@@ -115,18 +172,53 @@ def test_offline_readme_commands_run_and_their_paths_exist(tmp_path, monkeypatch
         if "--help" not in args:
             assert "Inspect logs: inspect view --log-dir" in out or "Sweep" in out, (shlex.join(args), out[-2000:])
     for args in found:
-        if kind(args) == "view":  # the README's path, for the model the test ran
+        if kind(args) == "view":  # the documented path, for the model the test ran
             shown = Path(args[args.index("--log-dir") + 1])
             parts = list(shown.parts)
             parts[2] = "tiny"
-            assert (tmp_path / Path(*parts)).is_dir(), f"{shown}: no such folder after the README's first command"
+            assert (tmp_path / Path(*parts)).is_dir(), f"{shown}: no such folder after the default job"
         elif kind(args) == "aggregate":
             sweep = sorted((tmp_path / "outputs").glob("*/multiruns/*"))[-1]
             proc = _run(["-m", "steer_hydra.aggregate", str(sweep), "--no-tracking"], tmp_path)
             assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-def test_readme_commands_that_need_a_gpu_or_the_hub_compose_and_plan():
+@pytest.mark.slow
+def test_documented_inspect_cli_commands_run(tmp_path, monkeypatch):
+    from inspect_ai._cli.main import inspect as inspect_cli
+    from inspect_ai.log import list_eval_logs, read_eval_log
+
+    found = [c for c in _doc_commands() if kind(c) == "inspect_eval"]
+    assert found
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    for number, args in enumerate(found):
+        log_dir = tmp_path / f"inspect_cli{number}"
+        inspect_cli.main(args=_inspect_eval_small(args, log_dir), standalone_mode=False)
+        logs = list_eval_logs(str(log_dir))
+        assert len(logs) == 1, (shlex.join(args), logs)
+        log = read_eval_log(logs[0], header_only=True)
+        assert log.status == "success", (shlex.join(args), log.error)
+
+
+def test_documented_study_commands_take_their_arguments(monkeypatch, capsys):
+    """The after-the-fact study command exists and names the arguments the docs give it (its --help)."""
+    import runpy
+
+    found = [c for c in _doc_commands() if kind(c) == "study"]
+    assert found
+    for args in found:
+        monkeypatch.setattr(sys, "argv", [args[2], "--help"])
+        with pytest.raises(SystemExit) as exited:
+            runpy.run_module(args[2], run_name="__main__", alter_sys=True)
+        assert exited.value.code in (0, None), shlex.join(args)
+        usage = capsys.readouterr().out.lower()
+        for placeholder in args[3:]:
+            name = placeholder.strip("<>").lower()
+            assert name in usage, f"{shlex.join(args)}: {name!r} is not in its --help:\n{usage}"
+
+
+def test_documented_commands_that_need_a_gpu_or_the_hub_compose_and_plan():
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
@@ -135,7 +227,7 @@ def test_readme_commands_that_need_a_gpu_or_the_hub_compose_and_plan():
 
     register_configs()
     checked = 0
-    for args in _readme_commands():
+    for args in _doc_commands():
         if kind(args) != "compose":
             continue
         overrides = [a.split(",")[0] if "," in a and not a.endswith("]") else a for a in args[3:]]
@@ -145,6 +237,8 @@ def test_readme_commands_that_need_a_gpu_or_the_hub_compose_and_plan():
             with initialize_config_module(config_module="steer_hydra.conf", version_base="1.3"):
                 cfg = compose("config", overrides=overrides)
             JobPlan.from_config(cfg)  # every config mistake that needs no model
+        except Exception as error:
+            raise AssertionError(f"{shlex.join(args)}: {error}") from error
         finally:
             GlobalHydra.instance().clear()
         checked += 1
@@ -152,8 +246,8 @@ def test_readme_commands_that_need_a_gpu_or_the_hub_compose_and_plan():
 
 
 @pytest.mark.slow
-def test_readme_arm_yaml_runs_from_a_search_path(tmp_path, monkeypatch, capsys):
-    blocks = [body for lang, body in fenced_blocks(README.read_text()) if lang == "yaml" and "@package arm" in body]
+def test_documented_arm_yaml_runs_from_a_search_path(tmp_path, monkeypatch, capsys):
+    blocks = [body for _, body in _blocks("yaml") if "@package arm" in body]
     assert blocks
     for number, body in enumerate(blocks):
         name = re.search(r"^name: (\S+)", body, re.M).group(1)
@@ -164,10 +258,48 @@ def test_readme_arm_yaml_runs_from_a_search_path(tmp_path, monkeypatch, capsys):
         assert f"{name} [" in out  # the job's table title names the arm
 
 
-def test_readme_python_examples_parse_and_their_imports_resolve():
-    blocks = [body for lang, body in fenced_blocks(README.read_text()) if lang == "python"]
+def test_documented_python_examples_parse_and_their_imports_resolve():
+    blocks = _blocks("python")
     assert blocks
-    for body in blocks:
+    failures = []
+    for path, body in blocks:
         tree = ast.parse(body)
         imports = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
-        exec(compile(ast.Module(body=imports, type_ignores=[]), "README.md", "exec"), {})
+        try:
+            exec(compile(ast.Module(body=imports, type_ignores=[]), str(path), "exec"), {})
+        except ImportError as error:
+            failures.append(f"{path.relative_to(ROOT)}: {error}")
+    assert not failures, failures
+
+
+def _slug(heading: str) -> str:
+    """A heading's anchor as GitHub renders it."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_relative_links_point_at_files_and_headings_that_exist():
+    broken = []
+    for path in documents():
+        text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.M | re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"\w+://", target):
+                continue
+            file, _, anchor = target.partition("#")
+            dest = (path.parent / file).resolve() if file else path
+            if not dest.exists():
+                broken.append(f"{path.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md":
+                prose = re.sub(r"^```.*?^```", "", dest.read_text(), flags=re.M | re.S)
+                headings = re.findall(r"^#+ (.+)$", prose, re.M)
+                if anchor not in {_slug(h) for h in headings}:
+                    broken.append(f"{path.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken, broken
+
+
+def test_every_docs_page_is_listed_and_opens_with_what_it_covers():
+    index = (DOCS / "index.md").read_text()
+    for page in sorted(DOCS.glob("*.md")):
+        if page.name != "index.md":
+            assert f"]({page.name})" in index, f"docs/index.md does not link {page.name}"
+        first = next(line for line in page.read_text().splitlines()[1:] if line.strip())
+        assert first.startswith("This page "), f"{page.name} should open with what it covers; it opens {first!r}"
