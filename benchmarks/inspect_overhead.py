@@ -56,7 +56,7 @@ class InstantPipeline:
         self.tokenizer = build_tiny_tokenizer(TinySpec())
         self.controls = []
         self.supports_batching = True
-        self._is_steered = True
+        self.is_steered = True
         self._row = torch.arange(10, 10 + new_tokens).unsqueeze(0)
         self.calls = 0
 

@@ -28,9 +28,9 @@ def _choices(name: str, values: tuple[str, ...]) -> type[enum.Enum]:
     return enum.Enum(name, {v: v for v in values}, module=__name__)
 
 
-# The value sets come from the library (a test pins it); backend kinds are spelled with `_` in configs
-# (`vllm_serve`, an alias `BackendSpec` accepts for `vllm-serve`).
-BackendKind = _choices("BackendKind", tuple(kind.replace("-", "_") for kind in BACKENDS))
+# The value sets come from the library (a test pins it); backend kinds are the registry's names, which are also
+# the option names of the `backend` group.
+BackendKind = _choices("BackendKind", tuple(BACKENDS))
 SeedScope = _choices("SeedScope", SEED_SCOPES)
 ReasoningSplit = _choices("ReasoningSplit", SPLIT_MODES)
 Batching = _choices("Batching", BATCHING_MODES)

@@ -46,7 +46,11 @@ logger = logging.getLogger(__name__)
 
 
 class TokenEngineBackend(EngineSteering, Backend):
-    """Base of backends that generate on a vLLM engine (in this process or behind a server) from token ids."""
+    """Base of backends that generate on a vLLM engine (in this process or behind a server) from token ids.
+
+    Declares sampled rollouts and checkpoint serving as capabilities, `native_n` (the engine returns the `n`
+    candidates) and `batches_distinct_seeds` (a seed per request); no refill engine (`supports_refill` False).
+    """
 
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
         {Capability.SAMPLED_ROLLOUTS, Capability.SERVE_CHECKPOINT}

@@ -31,12 +31,17 @@ logger = logging.getLogger(__name__)
 
 
 class HFBackend(Backend):
-    """Generation with `transformers` in this process; the only backend that runs hooks and beam proposals."""
+    """Generation with `transformers` in this process; the only backend that runs hooks and beam proposals.
+
+    Declares every in-process capability (live model, hidden-state capture, beam proposals, sampled rollouts) and
+    `supports_refill` (`refill_engine`); it repeats rows for `n` and decodes rows of distinct seeds one by one.
+    """
 
     kind = "huggingface"
     capabilities = frozenset(
         {Capability.IN_PROCESS_TORCH, Capability.HIDDEN_CAPTURE, Capability.BEAM_PROPOSALS, Capability.SAMPLED_ROLLOUTS}
     )
+    supports_refill = True
 
     def load(self, source: ModelSource, *, model: Any = None, tokenizer: Any = None) -> None:
         device = source.device

@@ -12,7 +12,7 @@ admission or eviction) on a *layout prompt*: `[rows, W]` ids holding each row's 
 columns where they sit (mask 1), every other column masked, `W` the largest prompt end. A control that reads
 prompt columns from the mask (PASTA's spans) and anchors "after the prompt" at `W` (CAA) therefore steers each
 row exactly as in its static call: decode positions are all at or past `W`. Controls opt in by declaring
-`supports_refill = True`; the pipeline refuses refill otherwise.
+`supports_refill = True`, as does the backend (`HFBackend.supports_refill`); the pipeline refuses refill otherwise.
 
 Invariants:
 - one thread drives the engine (`admit`, `step`); `RefillGroup` callbacks run on that thread;

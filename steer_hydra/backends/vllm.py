@@ -7,7 +7,8 @@ strict table); the engine batches all rows and their per-row seeds in one `LLM.g
 with a given vector run inside the engine (`steer_hydra.backends.vllm_steering`: per-request `extra_args` and a
 `cache_salt`, applied by the worker plugin that the boot switches on). Options are `vllm.LLM` engine kwargs
 (`tensor_parallel_size`, `gpu_memory_utilization`, `max_model_len`, `dtype`, `enforce_eager`, ...); a None
-value means "vLLM's default".
+value means "vLLM's default". A save_dir protocol records all of them (the `Backend.protocol_options` default):
+they set the engine's numerics and batching.
 """
 
 from __future__ import annotations

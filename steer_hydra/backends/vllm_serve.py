@@ -1,4 +1,4 @@
-"""`VLLMServeBackend` (kind `vllm-serve`): generation on a running vLLM (or OpenAI-compatible) completions server.
+"""`VLLMServeBackend` (kind `vllm_serve`): generation on a running vLLM (or OpenAI-compatible) completions server.
 
 Prompts are tokenized here and posted as token ids to `{base_url}/v1/completions`, one request per prompt
 row (`prompt` = the row's real token ids, `n` candidates, the row's seed), at most `max_concurrency` in
@@ -13,9 +13,10 @@ every later request fails at once with the same error instead of waiting again, 
 the job within one request deadline. Each distinct failure is logged once at ERROR with the server's own
 message, so it reaches the console (Inspect's own summary says only that the task failed).
 
-Identity: `base_url` and the connection settings are not part of what is evaluated; `protocol_options()`
-drops them and `identity()` (after connecting) names the served model (its `/v1/models` id) and the server's
-version, which is what a protocol should record, so a restarted server on another port can resume.
+Identity: `base_url` and the connection settings (`CONNECTION_OPTIONS`: address, key variable, timeouts and
+deadlines, concurrency, retries) are not part of what is evaluated; the class's `protocol_options()` leaves them
+out and `identity()` (after connecting) names the served model (its `/v1/models` id) and the server's version,
+which is what a protocol should record, so a restarted server on another port can resume.
 
 Token ids come back exactly through vLLM's `return_token_ids` request extension (recent vLLM answers with
 `choices[i].token_ids`). A server that ignores it (an older vLLM, another OpenAI-compatible server) answers
@@ -150,11 +151,6 @@ class ServeOptions:
         return parsed
 
 
-def protocol_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    """The options that bear on what is generated: none of the connection settings (`CONNECTION_OPTIONS`)."""
-    return {k: v for k, v in options.items() if k not in CONNECTION_OPTIONS}
-
-
 def normalize_base_url(url: str) -> str:
     """The server root without a trailing slash or `/v1` (paths below are written `/v1/...`)."""
     url = url.rstrip("/")
@@ -218,7 +214,12 @@ class VLLMServeBackend(TokenEngineBackend):
     Attributes after `load()`: `served_model` (the name sent as `model`), `retries` (transport retries so far).
     """
 
-    kind = "vllm-serve"
+    kind = "vllm_serve"
+
+    @classmethod
+    def protocol_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        """The options that bear on what is generated: none of the connection settings (`CONNECTION_OPTIONS`)."""
+        return {k: v for k, v in options.items() if k not in CONNECTION_OPTIONS}
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(options)
@@ -382,7 +383,7 @@ class VLLMServeBackend(TokenEngineBackend):
         if len(prompts) == 1:
             return [self._complete_one(prompts[0], fields[0])]
         workers = min(self.settings.max_concurrency, len(prompts))
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vllm-serve") as pool:
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="vllm_serve") as pool:
             futures = [pool.submit(self._complete_one, p, f) for p, f in zip(prompts, fields, strict=True)]
             try:
                 return [future.result() for future in futures]

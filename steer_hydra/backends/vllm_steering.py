@@ -1,19 +1,19 @@
 """State controls lowered to vLLM: residual-stream additions (CAA, ActAdd) carried per request to the engine.
 
-A layer-vector control (one that adds `multiplier * v` to one decoder layer's residual stream: CAA at the layer's
-output from a token-scope start, ActAdd as a positional block at the layer's input) is bound at `steer()` on a
-model skeleton built on the meta device from the checkpoint's config (no weights; the vector must be given, since
-fitting needs hidden states), and lowered per call into `ResidualAddition`s. Each prompt row then carries them in
-`SamplingParams.extra_args` (offline) or `vllm_xargs` (server) under `steer_hydra` (the additions as JSON: layer,
-site, mode, rows) and `steer_hydra_start` (one start position per addition, from the row's prompt length), plus a
-`cache_salt` naming the steering, so steered and unsteered requests never share prefix-cache blocks. The worker
-side (`steer_hydra.backends.vllm_plugin`) maps the flat token batch to requests and adds the rows.
+A state control that declares `adds_residual` (its whole effect is one fixed `ResidualAddition` to a decoder
+layer's residual stream: CAA at the layer's output from a token-scope start, ActAdd as a positional block at the
+layer's input) is bound at `steer()` on a model skeleton built on the meta device from the checkpoint's config (no
+weights; the vector must be given, since fitting needs hidden states), and lowered per call to the addition its
+`residual_addition()` returns. Each prompt row then carries the additions in `SamplingParams.extra_args`
+(offline) or `vllm_xargs` (server) under `steer_hydra` (the additions as JSON: layer, site, mode, rows) and
+`steer_hydra_start` (one start position per addition, from the row's prompt length), plus a `cache_salt` naming
+the steering, so steered and unsteered requests never share prefix-cache blocks. The worker side
+(`steer_hydra.backends.vllm_plugin`) maps the flat token batch to requests and adds the rows.
 
-Nothing here imports vLLM: lowering and the wire format are unit-tested on a CPU. Controls are recognised by
-their public surface (`layer`, `vector`, `multiplier`, and `token_scope` for output-site or `alignment` for
-input-site additions); the added tensor is the control's own (`_delta`), so normalisation, strength units and
-sanity directions match the Hugging Face path exactly. PASTA (attention scores) and fitted vectors stay on
-backend=huggingface: `check()` says so.
+Nothing here imports vLLM: lowering and the wire format are unit-tested on a CPU. The added rows are the
+control's own (the tensor its hooks add), so normalisation, strength units and sanity directions match the
+Hugging Face path exactly. PASTA (attention scores) and fitted vectors stay on backend=huggingface: `check()`
+says so.
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ import hashlib
 import json
 import logging
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from steer_hydra.core.capabilities import Capability
+from steer_hydra.core.controls import ResidualAddition, StateControl
 
 logger = logging.getLogger(__name__)
 
@@ -43,56 +43,20 @@ _CURRENT: contextvars.ContextVar[tuple[ResidualAddition, ...]] = contextvars.Con
 )
 
 
-@dataclass(frozen=True, slots=True)
-class ResidualAddition:
-    """One addition to the residual stream of one decoder layer, for every request of a call.
-
-    Attributes:
-        layer: decoder layer index.
-        site: `output` (after the layer: CAA) or `input` (before it: ActAdd).
-        mode: `from` (row 0 at every position >= the start) or `block` (row t at position start + t).
-        rows: `[R, hidden]` float32, the multiplier applied.
-        scope: how the start follows from a prompt's length: `after_prompt`, `all`, `last_k` (with `last_k`) or
-            `position` (with `offset`, counted from the first prompt token).
-        preserve_norm: rescale each steered state back to its norm before the addition.
-    """
-
-    layer: int
-    site: str
-    mode: str
-    rows: torch.Tensor
-    scope: str
-    last_k: int = 0
-    offset: int = 0
-    preserve_norm: bool = False
-
-    def start(self, prompt_length: int) -> int:
-        """The first steered position of a request whose prompt has `prompt_length` tokens."""
-        if self.scope == "after_prompt":
-            return prompt_length
-        if self.scope == "last_k":
-            return max(prompt_length - self.last_k, 0)
-        if self.scope == "all":
-            return 0
-        return self.offset
-
-    def wire(self) -> dict[str, Any]:
-        """The JSON form the worker reads (floats written exactly: float32 values round-trip through float64)."""
-        return {
-            "layer": self.layer,
-            "site": self.site,
-            "mode": self.mode,
-            "preserve_norm": self.preserve_norm,
-            "rows": self.rows.double().tolist(),
-        }
+def wire(addition: ResidualAddition) -> dict[str, Any]:
+    """The JSON form the worker reads (floats written exactly: float32 values round-trip through float64)."""
+    return {
+        "layer": addition.layer,
+        "site": addition.site,
+        "mode": addition.mode,
+        "preserve_norm": addition.preserve_norm,
+        "rows": addition.rows.double().tolist(),
+    }
 
 
 def is_lowerable(control: Any) -> bool:
-    """Whether the vLLM backends can run `control` inside the engine (a CAA- or ActAdd-like layer vector)."""
-    surface = ("layer", "vector", "multiplier", "_delta")
-    return all(hasattr(control, name) for name in surface) and (
-        hasattr(control, "token_scope") or hasattr(control, "alignment")
-    )
+    """Whether the vLLM backends can run `control` inside the engine (a state control declaring `adds_residual`)."""
+    return isinstance(control, StateControl) and control.adds_residual
 
 
 def lowered_requirements(control: Any) -> frozenset[Capability]:
@@ -113,7 +77,7 @@ def meta_skeleton(model_path: str, trust_remote_code: bool) -> torch.nn.Module:
 def bind(control: Any, skeleton: torch.nn.Module, tokenizer: Any, backend_kind: str, **steer_kwargs: Any) -> None:
     """Bind a lowerable control (layer, vector, scaling) on the skeleton; a vector to fit is refused, naming why."""
     name = type(control).__name__
-    if getattr(control, "steering_vector", None) is None:
+    if Capability.HIDDEN_CAPTURE in control.requirements():
         raise ValueError(
             f"{name} fits its vector from hidden states, which backend={backend_kind} cannot capture. Fix: fit it on "
             f"backend=huggingface, save it (SteeringVector.save) and pass {name}(steering_vector=PATH), or use "
@@ -122,31 +86,16 @@ def bind(control: Any, skeleton: torch.nn.Module, tokenizer: Any, backend_kind: 
     control.steer(skeleton, tokenizer=tokenizer, backend=backend_kind, **steer_kwargs)
 
 
-def lower(control: Any) -> ResidualAddition | None:
-    """The addition a bound control makes on every request (None when its multiplier is 0)."""
-    if control.layer is None:
-        raise RuntimeError(f"{type(control).__name__} is not bound; steer the pipeline first.")
-    if control.multiplier == 0:
-        return None
-    delta = control._delta(torch.empty(0, dtype=torch.float32)).detach().float().cpu()
-    preserve = bool(getattr(control, "use_norm_preservation", False))
-    if hasattr(control, "token_scope"):
-        rows = delta.reshape(1, -1)
-        scope = control.token_scope
-        return ResidualAddition(
-            control.layer, "output", "from", rows, scope, last_k=int(control.last_k or 0), preserve_norm=preserve
-        )
-    rows = delta if delta.dim() == 2 else delta.reshape(1, -1)
-    return ResidualAddition(
-        control.layer, "input", "block", rows, "position", offset=int(control.alignment), preserve_norm=preserve
-    )
+def lower(control: StateControl) -> ResidualAddition | None:
+    """The addition a bound control makes on every request (None when it adds nothing, e.g. at multiplier 0)."""
+    return control.residual_addition()
 
 
 def steering_fields(additions: Sequence[ResidualAddition], prompt_length: int) -> dict[str, Any]:
     """Request fields for one prompt row: `vllm_xargs` (the additions and their starts) and a `cache_salt`."""
     if not additions:
         return {}
-    payload = json.dumps([a.wire() for a in additions], separators=(",", ":"))
+    payload = json.dumps([wire(a) for a in additions], separators=(",", ":"))
     starts = [a.start(prompt_length) for a in additions]
     salt = hashlib.sha256(payload.encode() + json.dumps(starts).encode()).hexdigest()[:32]
     return {"vllm_xargs": {XARGS_KEY: payload, XARGS_START: starts}, "cache_salt": f"steer_hydra-{salt}"}

@@ -3,7 +3,11 @@
 A backend loads (or adopts) the model and tokenizer, generates continuations for a left-packed batch under
 `GenerationParams`, applies a state control's hooks for the duration of a call when it runs in process, offers
 rollouts to decoding drivers, and releases its memory. Backends live in `steer_hydra.backends` and are found
-by kind here without importing them until needed (vLLM is an optional extra).
+by kind here without importing them until needed (vLLM is an optional extra; a backend module imports it only
+inside the functions that boot an engine, so importing a backend class stays cheap).
+
+A kind has one spelling everywhere, the name of its config option: `huggingface`, `vllm`, `vllm_serve`. The older
+inputs `hf` and `vllm-serve` are accepted and normalized to it.
 """
 
 from __future__ import annotations
@@ -27,17 +31,18 @@ from steer_hydra.core.tensors import eos_ids
 BACKENDS: dict[str, str] = {
     "huggingface": "steer_hydra.backends.huggingface:HFBackend",
     "vllm": "steer_hydra.backends.vllm:VLLMBackend",
-    "vllm-serve": "steer_hydra.backends.vllm_serve:VLLMServeBackend",
+    "vllm_serve": "steer_hydra.backends.vllm_serve:VLLMServeBackend",
 }
-_ALIASES = {"hf": "huggingface", "vllm_serve": "vllm-serve"}
+_ALIASES: dict[str, str] = {"hf": "huggingface", "vllm-serve": "vllm_serve"}  # older inputs, normalized on entry
 
 
 def canonical_kind(kind: str) -> str:
-    """Normalize a backend kind (`vllm_serve` -> `vllm-serve`), naming the valid kinds on a typo."""
-    kind = _ALIASES.get(kind, kind)
-    if kind not in BACKENDS:
-        raise ValueError(f"Unknown backend kind {kind!r}; valid kinds: {sorted(BACKENDS)}.")
-    return kind
+    """Normalize a backend kind (`vllm-serve` -> `vllm_serve`, `hf` -> `huggingface`), naming the valid kinds
+    on a typo."""
+    canonical = _ALIASES.get(kind, kind)
+    if canonical not in BACKENDS:
+        raise ValueError(f"Unknown backend kind {kind!r}. Fix: use one of {list(BACKENDS)}.")
+    return canonical
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +72,11 @@ class BackendSpec:
     def digest(self) -> str:
         return canonical_json({"kind": self.kind, "options": self.options})
 
+    def protocol_options(self) -> dict[str, Any]:
+        """The options that bear on what is generated, as the backend class declares (`Backend.protocol_options`):
+        what a save_dir protocol records, so a changed server address or timeout does not count as a new protocol."""
+        return backend_class(self.kind).protocol_options(self.options)
+
 
 def backend_class(kind: str) -> type[Backend]:
     """Import and return the backend class registered for `kind` (no heavy imports happen here)."""
@@ -75,18 +85,26 @@ def backend_class(kind: str) -> type[Backend]:
 
 
 class Backend(ABC):
-    """Base of every backend. Subclasses set `kind` and `capabilities` and implement `load` and `generate`.
+    """Base of every backend. Subclasses set `kind` and implement `load` and `generate`.
 
-    Class attributes:
-        native_n: the backend produces `n` candidates per prompt itself (else the pipeline repeats rows).
-        batches_distinct_seeds: rows with different seeds can share one call (else the pipeline decodes
-            them serially).
+    What a subclass declares (class attributes, read by the pipeline and `check()`; the defaults say "no"):
+        kind: its registry name (`BACKENDS`).
+        capabilities: the `Capability` atoms it offers to controls (`check()` compares them with each control's
+            `requirements()`, through `requirements_of`).
+        native_n: it produces `n` candidates per prompt itself (else the pipeline repeats rows).
+        batches_distinct_seeds: rows with different seeds can share one call (else the pipeline decodes them
+            serially).
+        supports_refill: it implements `refill_engine` (slot refill between decode steps).
+    And what it overrides when the default does not fit: `protocol_options` (which options bear on generation),
+    `rollout` (decoding drivers), `requirements_of`, `steer_control`, `state_hooks` and `applied` (how state
+    controls run on it), `identity`, `release`.
     """
 
     kind: ClassVar[str]
     capabilities: ClassVar[frozenset[Capability]] = frozenset()
     native_n: ClassVar[bool] = False
     batches_distinct_seeds: ClassVar[bool] = False
+    supports_refill: ClassVar[bool] = False
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         self.options = dict(options or {})
@@ -127,6 +145,20 @@ class Backend(ABC):
     ) -> torch.Tensor:
         """Prompt plus continuation rows, `model.generate`-style, for decoding drivers."""
         raise NotImplementedError(f"Backend {self.kind!r} offers no rollouts to decoding drivers.")
+
+    def refill_engine(self, max_rows: int, build_hooks: Any) -> Any:
+        """An engine whose decode slots are refilled between steps (see `steer_hydra.backends.refill`); only
+        backends that declare `supports_refill` implement it."""
+        raise NotImplementedError(
+            f"Backend {self.kind!r} has no refill engine (supports_refill is False). Fix: use static batching "
+            "(ProviderOptions.batching='static' or 'auto'), or backend=huggingface."
+        )
+
+    @classmethod
+    def protocol_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        """The options that bear on what is generated, for a save_dir protocol (default: all of them). A backend
+        whose options include transport settings (an address, timeouts, concurrency) leaves those out."""
+        return dict(options)
 
     @classmethod
     def requirements_of(cls, control: Any) -> frozenset[Capability]:

@@ -9,8 +9,18 @@ construction: types, then `Args.validate()` for ranges), mirrored onto the insta
   call (`export_generation_params`); `DecodingDriver` owns the whole decode loop (at most one per pipeline).
 - `StructuralControl`: replaces the model at `steer()` (weights, adapters).
 
-Controls never register hooks themselves, never call `generate`, and declare what they need: `requirements()`
-(capability atoms checked by `SteeringPipeline.check()`), `supports_batching`, `RUNTIME_KWARGS_SCHEMA`.
+Controls never register hooks themselves and never call `generate`. What a subclass declares, on these base
+classes (the defaults are the conservative answer), is all that the pipeline, the backends and the evaluation
+layer read about it:
+- `requirements()`: the capability atoms a backend must offer (checked by `SteeringPipeline.check()`), and
+  `constraint_failures()` for further verdicts on a configuration;
+- `supports_batching`: rows of different prompts may share one call (else the provider sends one at a time);
+- `supports_refill`: its hooks stay right when built on a refill engine's layout prompt (see
+  `steer_hydra.backends.refill`), so slot refill may run it;
+- `RUNTIME_KWARGS_SCHEMA`: the per-call or per-row arguments it reads;
+- `vector_hash`: the content hash of a steering vector it uses beyond its Args (None when none);
+- state controls only: `adds_residual` with `residual_addition()`, when the control's whole effect is one fixed
+  addition to a decoder layer's residual stream, so a backend that runs no hooks (vLLM) can apply it itself.
 """
 
 from __future__ import annotations
@@ -118,11 +128,16 @@ def _describe(hint: Any) -> str:
 
 
 class BaseControl:
-    """Shared behaviour of every control: Args mirroring, `enabled`, declarations and lifecycle hooks."""
+    """Shared behaviour of every control: Args mirroring, `enabled`, declarations and lifecycle hooks.
+
+    Class attributes a subclass declares: `Args`, `RUNTIME_KWARGS_SCHEMA`, `supports_batching` and
+    `supports_refill` (see the module docstring).
+    """
 
     Args: ClassVar[type[BaseArgs] | None] = None
     RUNTIME_KWARGS_SCHEMA: ClassVar[list[dict[str, Any]]] = []
     supports_batching: ClassVar[bool] = False
+    supports_refill: ClassVar[bool] = False
     category: ClassVar[str] = "base"
 
     def __init__(self, *args: Any, enabled: bool = True, **kwargs: Any) -> None:
@@ -166,6 +181,12 @@ class BaseControl:
         """Further verdicts on a configuration (e.g. an attention implementation); each names the fix."""
         return []
 
+    @property
+    def vector_hash(self) -> str | None:
+        """The content hash of a steering vector this control uses beyond its Args (given or fitted at `steer()`),
+        recorded in provenance; None when it uses none (or before `steer()`)."""
+        return None
+
     def arg_values(self) -> dict[str, Any]:
         """The Args fields by name (not copied: a scorer or a model in an argument stays one object)."""
         return {f.name: getattr(self.args, f.name) for f in dataclasses.fields(self.args)} if self.args else {}
@@ -203,14 +224,63 @@ class InputControl(BaseControl):
         return frozenset()
 
 
+@dataclass(frozen=True, slots=True)
+class ResidualAddition:
+    """A fixed addition to one decoder layer's residual stream, the same on every call and every prompt row.
+
+    Attributes:
+        layer: decoder layer index.
+        site: `output` (after the layer) or `input` (before it).
+        mode: `from` (row 0 added at every position >= the start) or `block` (row t added at position start + t).
+        rows: `[R, hidden]` float32 on the CPU, at strength (any multiplier, normalisation or unit applied).
+        scope: how the start follows from a prompt's length: `after_prompt` (the first generated token), `all`,
+            `last_k` (the prompt's last `last_k` tokens and after) or `position` (`offset` tokens after the first
+            prompt token).
+        preserve_norm: rescale each steered state back to its norm before the addition.
+    """
+
+    layer: int
+    site: Literal["output", "input"]
+    mode: Literal["from", "block"]
+    rows: torch.Tensor
+    scope: Literal["after_prompt", "all", "last_k", "position"]
+    last_k: int = 0
+    offset: int = 0
+    preserve_norm: bool = False
+
+    def start(self, prompt_length: int) -> int:
+        """The first steered position of a prompt row with `prompt_length` real tokens."""
+        if self.scope == "after_prompt":
+            return prompt_length
+        if self.scope == "last_k":
+            return max(prompt_length - self.last_k, 0)
+        if self.scope == "all":
+            return 0
+        return self.offset
+
+
 class StateControl(BaseControl):
-    """Changes the model's internal state during a call through hooks the backend registers and removes."""
+    """Changes the model's internal state during a call through hooks the backend registers and removes.
+
+    A control whose whole effect is one fixed `ResidualAddition` (CAA, ActAdd) sets `adds_residual` and
+    implements `residual_addition()`: a backend without a live model applies that addition itself instead of
+    the hooks.
+    """
 
     category = "state"
+    adds_residual: ClassVar[bool] = False
 
     def get_hooks(self, input_ids: torch.Tensor, runtime_kwargs: Mapping[str, Any], **kwargs: Any) -> HookSet:
         """Hooks for one call on the left-packed `input_ids` (kwargs: attention_mask, model, gen params)."""
         raise NotImplementedError(f"{type(self).__name__} must implement get_hooks().")
+
+    def residual_addition(self) -> ResidualAddition | None:
+        """The addition this control makes on every call once steered, exactly as its hooks make it (None when it
+        adds nothing, e.g. at multiplier 0). Implemented by controls that declare `adds_residual`."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not declare adds_residual: its effect is not one fixed residual-stream "
+            "addition. Fix: run it on backend=huggingface (hooks)."
+        )
 
 
 class OutputControl(BaseControl):

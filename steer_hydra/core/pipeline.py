@@ -63,7 +63,7 @@ class SteeringPipeline:
         source: where the model and tokenizer come from and how they load: a `ModelSource`, or a model
             reference string (Hugging Face id, local path or `steer_hydra:tiny`), loaded in `steer()`.
         controls: any number per category; list order is composition order within a category.
-        backend: a `BackendSpec`, a kind string ("huggingface", "vllm", "vllm-serve") or None (Hugging Face).
+        backend: a `BackendSpec`, a kind string ("huggingface", "vllm", "vllm_serve") or None (Hugging Face).
         model, tokenizer: preloaded objects reused by `steer()` (the tokenizer gets a pad token and left padding).
     """
 
@@ -526,12 +526,12 @@ class SteeringPipeline:
         if not self._is_steered:
             return ["the pipeline is not steered"]
         blockers = []
-        if not callable(getattr(self._backend, "refill_engine", None)):
+        if not self._backend.supports_refill:
             blockers.append(f"backend {self.backend.kind!r} has no refill engine")
         if self._sets.drivers():
             blockers.append("a decoding driver owns the decode loop")
         for control in self._enabled(self._sets.state):
-            if not getattr(control, "supports_refill", False):
+            if not control.supports_refill:
                 blockers.append(f"{type(control).__name__} does not declare supports_refill")
         for control in self._enabled(self._sets.output):
             live = any(

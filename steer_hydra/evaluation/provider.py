@@ -137,7 +137,7 @@ class SteeringPipelineModelAPI(ModelAPI):
                 "cannot be passed through get_model()/--model or model_args. From the Inspect CLI, name the config "
                 "groups instead: --model steer_hydra/<name> -M arm=pasta -M base_model=tiny."
             )
-        if not getattr(pipeline, "_is_steered", False):
+        if not pipeline.is_steered:
             raise ValueError("The pipeline is not steered; call pipeline.steer() before as_inspect_model(pipeline).")
         if options is None:
             options = ProviderOptions()

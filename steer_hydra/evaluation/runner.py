@@ -458,7 +458,7 @@ def _control_provenance(pipeline: Any, controls: Sequence[Any], options: Any) ->
         "steering_vector_hashes": {
             f"{type(c).__name__}[{i}]": c.vector_hash
             for i, c in enumerate(controls)
-            if getattr(c, "enabled", True) and getattr(c, "vector_hash", None)
+            if c.enabled and c.vector_hash
         },
     }
 

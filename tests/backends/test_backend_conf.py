@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ import steer_hydra
 from steer_hydra.backends.vllm import engine_kwargs
 from steer_hydra.backends.vllm_serve import ServeOptions
 from steer_hydra.core import BackendSpec
+from steer_hydra.core.backend import BACKENDS
 
 CONF = Path(steer_hydra.__file__).parent / "conf" / "backend"
 
@@ -24,12 +27,35 @@ def _load(name: str):
 
 @pytest.mark.parametrize(
     ("name", "kind"),
-    [("huggingface", "huggingface"), ("vllm", "vllm"), ("vllm_serve", "vllm-serve")],
+    [("huggingface", "huggingface"), ("vllm", "vllm"), ("vllm_serve", "vllm_serve")],
     ids=["hf", "engine", "server"],  # not "vllm": conftest skips tests carrying that keyword without a GPU
 )
 def test_each_option_names_a_registered_kind(name, kind):
     cfg, options = _load(name)
     assert BackendSpec.coerce({"kind": cfg.kind, "options": options}).kind == kind
+
+
+def test_kinds_are_spelled_as_the_options_and_older_inputs_normalize_to_them():
+    assert set(BACKENDS) == {p.stem for p in CONF.glob("*.yaml")}
+    assert BackendSpec("vllm-serve", {"base_url": "http://h:1"}).kind == "vllm_serve"
+    assert BackendSpec.coerce("hf") == BackendSpec("huggingface")
+    with pytest.raises(ValueError, match=r"Unknown backend kind 'vllm_server'. Fix: use one of \['huggingface'"):
+        BackendSpec("vllm_server")
+
+
+PROTOCOL_IMPORTS = """
+import sys
+from steer_hydra.core.backend import BackendSpec
+served = BackendSpec("vllm_serve", {"base_url": "http://h:1", "request_timeout": 5, "model": "m"}).protocol_options()
+engine = BackendSpec("vllm", {"dtype": "half"}).protocol_options()
+print(served, engine, sorted(m for m in ("vllm", "httpx", "transformers") if m in sys.modules))
+"""
+
+
+def test_protocol_options_of_the_engine_backends_import_no_engine_client_or_transformers():
+    proc = subprocess.run([sys.executable, "-c", PROTOCOL_IMPORTS], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "{'model': 'm'} {'dtype': 'half'} []"
 
 
 def test_vllm_engine_kwargs_drop_unset_values():
@@ -55,4 +81,4 @@ def test_options_validate_against_the_app_schema(name):
     from steer_hydra.app.schema import BackendConfig
 
     merged = OmegaConf.merge(OmegaConf.structured(BackendConfig), OmegaConf.load(CONF / f"{name}.yaml"))
-    assert BackendSpec.coerce({"kind": merged.kind.value, "options": {}}).kind.replace("-", "_") == name
+    assert BackendSpec.coerce({"kind": merged.kind.value, "options": {}}).kind == name

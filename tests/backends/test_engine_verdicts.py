@@ -17,7 +17,7 @@ from steer_hydra.core.controls import DecodingDriver, StateControl
 from steer_hydra.models import TINY_REF, build_tiny_model
 from steer_hydra.testing.loopback_server import LoopbackCompletionsServer
 
-ENGINES = ["vllm", "vllm-serve"]
+ENGINES = ["vllm", "vllm_serve"]
 ENGINE_IDS = ["offline-engine", "server"]  # not "vllm": conftest skips tests carrying that keyword without a GPU
 
 
@@ -56,6 +56,8 @@ def test_engine_backends_advertise_rollouts_and_checkpoints_but_nothing_in_proce
         capabilities = backend_class(kind).capabilities
         assert capabilities == {Capability.SAMPLED_ROLLOUTS, Capability.SERVE_CHECKPOINT}
         assert backend_class(kind).native_n and backend_class(kind).batches_distinct_seeds
+        assert not backend_class(kind).supports_refill
+    assert backend_class("huggingface").supports_refill
 
 
 @pytest.mark.parametrize("kind", ENGINES, ids=ENGINE_IDS)
@@ -106,12 +108,12 @@ def test_refusal_happens_before_any_work_on_the_server():
     model, tokenizer = build_tiny_model()
     reference = SteeringPipeline(model=model, tokenizer=tokenizer).steer()
     with LoopbackCompletionsServer(reference) as server:
-        spec = BackendSpec("vllm-serve", {"base_url": server.base_url})
+        spec = BackendSpec("vllm_serve", {"base_url": server.base_url})
         pipeline = SteeringPipeline(tokenizer=tokenizer, controls=[AttentionSteering()], backend=spec)
         with pytest.raises(UnsupportedPipelineError, match=r"AttentionSteering.*backend=huggingface") as caught:
             pipeline.steer()
         assert server.requests == []  # not even /v1/models
-    assert caught.value.report.backend == "vllm-serve"
+    assert caught.value.report.backend == "vllm_serve"
     assert not pipeline.is_steered
     reference.release()
 

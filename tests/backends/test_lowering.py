@@ -116,9 +116,9 @@ def test_rollout_params_map_model_generate_kwargs_and_refuse_beams():
         {"do_sample": True, "eos_token_id": [2, 3]}, stop_strings=(), stop_token_ids=[3], backend_kind="vllm"
     )
     assert with_eos.stop_token_ids == (3, 2) and not with_eos.extra
-    with pytest.raises(ValueError, match=r"num_beams=3 .*backend 'vllm-serve'.*DeAL.*backend=huggingface"):
+    with pytest.raises(ValueError, match=r"num_beams=3 .*backend 'vllm_serve'.*DeAL.*backend=huggingface"):
         rollout_params(
-            {"num_beams": 3, "num_return_sequences": 3}, stop_strings=(), stop_token_ids=(), backend_kind="vllm-serve"
+            {"num_beams": 3, "num_return_sequences": 3}, stop_strings=(), stop_token_ids=(), backend_kind="vllm_serve"
         )
     with pytest.raises(ValueError, match="output_scores"):
         rollout_params({"output_scores": True}, stop_strings=(), stop_token_ids=(), backend_kind="vllm")

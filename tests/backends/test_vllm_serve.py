@@ -155,7 +155,7 @@ def test_system_prompt_and_stopping_rules_run_on_the_server_like_on_hugging_face
 
 def test_unmapped_generation_kwarg_is_refused_before_any_request(client, server):
     pipeline = client()
-    with pytest.raises(ValueError, match=r"no_repeat_ngram_size.*backend 'vllm-serve'.*huggingface"):
+    with pytest.raises(ValueError, match=r"no_repeat_ngram_size.*backend 'vllm_serve'.*huggingface"):
         pipeline.generate(text="Hello there", max_new_tokens=4, no_repeat_ngram_size=2)
     assert server.completion_requests() == []
 
@@ -290,9 +290,18 @@ def test_a_real_server_failure_surfaces_its_message(client, server):
     assert pipeline._backend.retries == 0
 
 
+def test_refill_is_refused_as_a_capability_the_backend_does_not_declare(client):
+    pipeline = client()
+    assert pipeline.refill_blockers() == ["backend 'vllm_serve' has no refill engine"]
+    with pytest.raises(ValueError, match=r"cannot refill: backend 'vllm_serve' has no refill engine"):
+        pipeline.open_refill(2)
+    with pytest.raises(NotImplementedError, match=r"Backend 'vllm_serve' has no refill engine.*Fix: use static"):
+        pipeline._backend.refill_engine(2, None)
+
+
 def test_unreachable_server_fails_at_steer_naming_base_url():
     _, tokenizer = build_tiny_model()
-    spec = BackendSpec("vllm-serve", {"base_url": "http://127.0.0.1:9", "max_retries": 1, "retry_backoff": 0.0})
+    spec = BackendSpec("vllm_serve", {"base_url": "http://127.0.0.1:9", "max_retries": 1, "retry_backoff": 0.0})
     pipeline = SteeringPipeline(tokenizer=tokenizer, backend=spec)
     with pytest.raises(ServerUnavailableError, match=r"GET http://127.0.0.1:9/v1/models failed in transport 2"):
         pipeline.steer()

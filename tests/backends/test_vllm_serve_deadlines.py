@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from steer_hydra.backends.vllm_serve import ServerError, ServerUnavailableError, protocol_options
+from steer_hydra.backends.vllm_serve import ServerError, ServerUnavailableError, VLLMServeBackend
 from steer_hydra.core import BackendSpec, SteeringPipeline
 from steer_hydra.models import build_tiny_model
 from steer_hydra.testing.loopback_server import LoopbackCompletionsServer
@@ -93,9 +93,11 @@ def test_the_servers_error_text_reaches_the_console_once(client, server, caplog)
 
 def test_identity_names_the_served_model_not_the_address(client, server):
     backend = client()._backend
-    assert backend.identity() == {"kind": "vllm-serve", "served_model": "tiny", "server_version": "loopback"}
+    assert backend.identity() == {"kind": "vllm_serve", "served_model": "tiny", "server_version": "loopback"}
     options = {"base_url": "http://h:1", "api_key_env": "K", "model": "m", "request_timeout": 3, "job_deadline": 9}
-    assert protocol_options(options) == {"model": "m"}
+    assert VLLMServeBackend.protocol_options(options) == {"model": "m"}
+    assert BackendSpec("vllm_serve", {**options, "max_concurrency": 2}).protocol_options() == {"model": "m"}
+    assert BackendSpec("vllm", {"dtype": "half"}).protocol_options() == {"dtype": "half"}  # the default: all
 
 
 @pytest.mark.slow

@@ -19,15 +19,16 @@ from steer_hydra.backends.vllm_plugin import add_rows, build_plan, install
 from steer_hydra.backends.vllm_steering import (
     XARGS_KEY,
     XARGS_START,
-    ResidualAddition,
     bind,
+    is_lowerable,
     lower,
     lowered_requirements,
     meta_skeleton,
     steering_fields,
 )
-from steer_hydra.controls.state import CAA, ActAdd
+from steer_hydra.controls.state import CAA, PASTA, ActAdd
 from steer_hydra.core.capabilities import Capability
+from steer_hydra.core.controls import ResidualAddition
 from steer_hydra.models import TINY_REF, resolve_model_reference
 
 HIDDEN = 8
@@ -76,6 +77,17 @@ def test_vectors_to_fit_are_refused_naming_the_fix_and_in_process_torch_is_no_lo
         bind(fitted, skeleton, None, "vllm")
     with pytest.raises(ValueError, match=r"hidden size|64"):
         bind(CAA(steering_vector=torch.ones(10), layer_id=0), skeleton, None, "vllm")
+
+
+def test_only_controls_declaring_adds_residual_are_lowered():
+    assert is_lowerable(CAA(steering_vector=torch.ones(64))) and is_lowerable(ActAdd(steering_vector=torch.ones(64)))
+    pasta = PASTA(head_config=[0])
+    assert not is_lowerable(pasta)
+    assert lowered_requirements(pasta) == {Capability.IN_PROCESS_TORCH}
+    look_alike = types.SimpleNamespace(layer=0, vector=None, multiplier=1.0, token_scope="all", adds_residual=True)
+    assert not is_lowerable(look_alike)  # a declaration on a StateControl, not a surface of attributes
+    with pytest.raises(RuntimeError, match=r"CAA.residual_addition called before steer\(\); steer the pipeline"):
+        lower(CAA(steering_vector=torch.ones(64)))
 
 
 def test_wire_fields_carry_the_rows_exactly_and_salt_the_cache_per_steering():

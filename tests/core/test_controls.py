@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import pytest
+import torch
 
 from steer_hydra.core import (
     BaseArgs,
@@ -17,6 +18,7 @@ from steer_hydra.core import (
     runtime_kwargs_schema,
 )
 from steer_hydra.core.capabilities import Capability
+from steer_hydra.core.controls import ResidualAddition
 from steer_hydra.models import TINY_REF
 
 
@@ -74,6 +76,23 @@ def test_categories_and_default_requirements():
     assert knob.requirements() == frozenset({Capability.IN_PROCESS_TORCH})
     assert reader.requirements() == frozenset()
     assert not knob.supports_batching
+
+
+def test_capabilities_are_declared_on_the_base_classes_with_conservative_defaults():
+    knob, reader = Knob(), Reader()
+    assert (knob.supports_refill, reader.supports_refill, knob.adds_residual) == (False, False, False)
+    assert knob.vector_hash is None and reader.vector_hash is None
+    with pytest.raises(NotImplementedError, match=r"Knob does not declare adds_residual.*Fix: .*backend=huggingface"):
+        knob.residual_addition()
+
+
+def test_residual_addition_starts_per_scope():
+    rows = torch.ones(1, 4)
+    assert ResidualAddition(0, "output", "from", rows, "after_prompt").start(7) == 7
+    assert ResidualAddition(0, "output", "from", rows, "last_k", last_k=3).start(7) == 4
+    assert ResidualAddition(0, "output", "from", rows, "last_k", last_k=9).start(7) == 0
+    assert ResidualAddition(0, "output", "from", rows, "all").start(7) == 0
+    assert ResidualAddition(0, "input", "block", rows, "position", offset=2).start(7) == 2
 
 
 def test_schema_merge_conflicts_name_the_kwarg_and_both_controls():

@@ -58,7 +58,7 @@ class StubPipeline:
         self.tokenizer = tokenizer or build_tiny_tokenizer(TinySpec(chat_template=chat))
         self.controls = list(controls)
         self.supports_batching = supports_batching
-        self._is_steered = steered
+        self.is_steered = steered
         self.reply = reply
         self.calls: list[dict] = []
 

@@ -118,7 +118,7 @@ def test_bridge_from_the_provider_dispatch_thread():
     rewards = []
 
     class ScoringPipeline:
-        controls, supports_batching, _is_steered = [], True, True
+        controls, supports_batching, is_steered = [], True, True
 
         def __init__(self):
             self.tokenizer = tokenizer

@@ -30,7 +30,7 @@ from steer_hydra.controls.state.residual import (
     with_input_hidden,
 )
 from steer_hydra.controls.state.vectors import SteeringVector
-from steer_hydra.core.controls import HookSet
+from steer_hydra.core.controls import HookSet, ResidualAddition
 from steer_hydra.core.layout import ModelLayout
 
 logger = logging.getLogger(__name__)
@@ -94,6 +94,21 @@ class ActAdd(LayerVectorControl):
         return fit_positional_difference(model, tokenizer, layout, layer, self.positive_prompt, self.negative_prompt)
 
     # ------------------------------------------------------------------ per call
+    def residual_addition(self) -> ResidualAddition | None:
+        """The block before the layer, row t at `alignment + t` from the first prompt token (None at multiplier 0)."""
+        self._require_bound("residual_addition")
+        if self.multiplier == 0:
+            return None
+        return ResidualAddition(
+            self._layer,
+            "input",
+            "block",
+            self.added_rows(),
+            "position",
+            offset=self.alignment,
+            preserve_norm=self.use_norm_preservation,
+        )
+
     def get_hooks(self, input_ids: torch.Tensor, runtime_kwargs: Mapping[str, Any], **kwargs: Any) -> HookSet:
         self._require_bound()
         if self.multiplier == 0:

@@ -35,7 +35,7 @@ from steer_hydra.controls.state.residual import (
     with_output_hidden,
 )
 from steer_hydra.controls.state.vectors import SteeringVector
-from steer_hydra.core.controls import HookSet
+from steer_hydra.core.controls import HookSet, ResidualAddition
 from steer_hydra.core.identity import canonical_json, canonical_value, model_fingerprint
 from steer_hydra.core.layout import ModelLayout
 from steer_hydra.core.rendering import has_chat_template
@@ -128,6 +128,21 @@ class CAA(LayerVectorControl):
         return vector
 
     # ------------------------------------------------------------------ per call
+    def residual_addition(self) -> ResidualAddition | None:
+        """`multiplier * v` after the layer, at every position from the token scope's start (None at multiplier 0)."""
+        self._require_bound("residual_addition")
+        if self.multiplier == 0:
+            return None
+        return ResidualAddition(
+            self._layer,
+            "output",
+            "from",
+            self.added_rows(),
+            self.token_scope,
+            last_k=int(self.last_k or 0),
+            preserve_norm=self.use_norm_preservation,
+        )
+
     def get_hooks(self, input_ids: torch.Tensor, runtime_kwargs: Mapping[str, Any], **kwargs: Any) -> HookSet:
         self._require_bound()
         if self.multiplier == 0:

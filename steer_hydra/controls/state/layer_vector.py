@@ -83,11 +83,13 @@ class LayerVectorControl(StateControl):
 
     Subclasses' Args extend `LayerVectorArgs` with fields `steering_vector`, `layer_id`, `multiplier` and
     `normalize_vector`, set `DEFAULT_DEPTH` (and `MIN_DEFAULT_LAYER`), and call `_bind(...)` in `steer()`; the
-    hooks read `_delta(hidden)`.
+    hooks read `_delta(hidden)`. Each subclass implements `residual_addition()` (its effect is one fixed addition,
+    `adds_residual`) from `added_rows()`, the very tensor its hooks add, so an engine that lowers it steers alike.
     """
 
     DEFAULT_DEPTH: ClassVar[float]
     MIN_DEFAULT_LAYER: ClassVar[int] = 0
+    adds_residual = True
 
     def _configure(self) -> None:
         self._layout: ModelLayout | None = None
@@ -168,9 +170,16 @@ class LayerVectorControl(StateControl):
         logger.info("%s at layer %d, %s vector %s", name, layer, self.direction, used.content_hash[:12])
         return used
 
-    def _require_bound(self) -> None:
+    def _require_bound(self, method: str = "get_hooks") -> None:
         if self._layout is None or self._steering is None or self._layer is None:
-            raise RuntimeError(f"{type(self).__name__}.get_hooks called before steer(); steer the pipeline first.")
+            raise RuntimeError(f"{type(self).__name__}.{method} called before steer(); steer the pipeline first.")
+
+    def added_rows(self) -> torch.Tensor:
+        """What the hooks add, `multiplier * steering` (direction, normalisation and strength unit applied), as
+        `[rows, hidden]` float32 on the CPU: one row for a direction, one per position for a block."""
+        self._require_bound("added_rows")
+        rows = (self.multiplier * self._steering).detach().float().cpu()
+        return rows.reshape(-1, rows.shape[-1])
 
     def _delta(self, hidden: torch.Tensor) -> torch.Tensor:
         """`multiplier * steering` on the hidden states' device and dtype (cached per device and dtype)."""

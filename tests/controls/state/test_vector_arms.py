@@ -51,7 +51,7 @@ def test_median_norm_strength_adds_multiplier_times_the_residual_scale(tiny):
     model, tokenizer = tiny
     caa = CAA(data=PAIRS, layer_id=0, multiplier=0.5, accumulate="completion", strength_unit="median_norm")
     caa.steer(model, tokenizer=tokenizer)
-    delta = caa._delta(torch.zeros(1, 1, 64))
+    (delta,) = caa.added_rows()
     assert caa.unit_scale == pytest.approx(caa.vector.metadata["median_norm"])
     assert float(delta.norm()) == pytest.approx(0.5 * caa.unit_scale, rel=1e-5)
     torch.testing.assert_close(delta / delta.norm(), caa.vector.tensor / caa.vector.tensor.norm())
