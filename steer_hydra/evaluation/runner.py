@@ -456,9 +456,7 @@ def _control_provenance(pipeline: Any, controls: Sequence[Any], options: Any) ->
         "declared_runtime_kwargs": declared,
         "inert_static_runtime_kwargs": sorted(set(static) - set(declared)),
         "steering_vector_hashes": {
-            f"{type(c).__name__}[{i}]": c.vector_hash
-            for i, c in enumerate(controls)
-            if c.enabled and c.vector_hash
+            f"{type(c).__name__}[{i}]": c.vector_hash for i, c in enumerate(controls) if c.enabled and c.vector_hash
         },
     }
 
