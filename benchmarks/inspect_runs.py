@@ -142,13 +142,13 @@ def run_provider(
     """One `inspect_ai.eval` through `as_inspect_model(pipeline)`.
 
     `factor` sets Inspect's `max_connections` to `factor * ceiling`; None takes the provider's own
-    `inspect_connections` (what `InspectSuite` passes). Returns rates over the sample window (`samples`,
+    `max_connections()` (what `InspectSuite` passes). Returns rates over the sample window (`samples`,
     `tok_s`) and the wall time, static dispatch sizes and timing, waste, and refill occupancy.
     """
     counting = CountingPipeline(pipeline)
     options = ProviderOptions(max_batch_size=ceiling, reasoning_tags=None, batching=batching)
     model = as_inspect_model(counting, options=options)
-    connections = model.api.inspect_connections if factor is None else factor * model.api.effective_max_batch
+    connections = model.api.max_connections() if factor is None else factor * model.api.batch_ceiling
     log, wall, cpu = timed_eval(model, prompts, max_tokens, connections, log_dir, log_options)
     engine = getattr(model.api.collator, "engine", None)
     occupancy = None

@@ -3,7 +3,7 @@
 One process, one tiny checkpoint saved to disk, the same prompts, greedy decoding and the same `max_tokens` for:
 
   (a) provider@B   `inspect_ai.eval` through `as_inspect_model(pipeline)` at ceiling B (max_connections: the
-                   provider's `inspect_connections`, 2B, unless --connections-factor says otherwise)
+                   provider's `max_connections()`, 2B, unless --connections-factor says otherwise)
   (b) raw@B        `pipeline.generate(messages=..., return_output=True)` on pre-formed batches of B
   (c) provider@1   the provider at ceiling 1
   (d) hf/@B        Inspect's `hf/<checkpoint>` provider (max_connections=B, do_sample=False), fully offline
@@ -72,7 +72,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--connections-factor",
         type=int,
         default=None,
-        help="Inspect max_connections = factor * ceiling for the provider (default: its inspect_connections, 2x)",
+        help="Inspect max_connections = factor * ceiling for the provider (default: its max_connections(), 2x)",
     )
     parser.add_argument(
         "--lean-logs",

@@ -11,7 +11,7 @@ Modes, at one batch ceiling B, run in interleaved rounds (medians reported; the 
   raw-static@B      `pipeline.generate` on pre-formed batches of B (each batch runs until its longest row ends)
   raw-refill@B      the pipeline's refill engine, fed from a queue (a finished row's slot takes the next prompt)
   provider-static@B `inspect_ai.eval` through `as_inspect_model(..., batching="static")`, max_connections: the
-                    provider's `inspect_connections` (2B); `provider-static-xN` sets N * B
+                    provider's `max_connections()` (2B); `provider-static-xN` sets N * B
   provider-refill@B the same with `batching="refill"`
   hf/@B             Inspect's own `hf/` provider (the same checkpoint and EOS hazard), max_connections=B, in every
                     round on `--hf-samples` samples (it is slow: it waits for its queue to drain)
@@ -77,7 +77,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--connections-factor",
         type=int,
         default=None,
-        help="Inspect max_connections = factor * B for the provider modes (default: inspect_connections, 2B)",
+        help="Inspect max_connections = factor * B for the provider modes (default: max_connections(), 2B)",
     )
     parser.add_argument(
         "--switch-interval", type=float, default=None, help="sys.setswitchinterval (seconds; Python's default 0.005)"
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
             f"checkpoint params={params:,} device={args.device} dtype={args.dtype}; samples={len(prompts)} "
             f"max_tokens={args.max_tokens} batch={args.batch} rounds={args.rounds} torch_threads="
             f"{torch.get_num_threads()} cpus={os.cpu_count()} lean_logs={args.lean_logs} "
-            f"connections={args.connections_factor or 'inspect_connections '}xB switch={sys.getswitchinterval()} "
+            f"connections={args.connections_factor or 'max_connections() '}xB switch={sys.getswitchinterval()} "
             f"hazard={args.hazard_a}/(pos+{args.hazard_b}) seed={args.seed} load={os.getloadavg()[0]:.1f}",
             flush=True,
         )

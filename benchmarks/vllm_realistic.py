@@ -17,7 +17,7 @@ Modes, at one batch ceiling B (vLLM: `max_num_seqs=B`), in interleaved rounds (r
                                    for the batch)
   provider-hf-static / -hf-refill  the same on the Hugging Face pipeline, `batching="static"` / `"refill"`
 Inspect runs with its default logging (`--lean-logs` for `log_realtime=False`) and the provider's
-`inspect_connections` (2B). Columns: useful tok/s (tokens returned, EOS excluded, per second), samples/s, waste
+`max_connections()` (2B). Columns: useful tok/s (tokens returned, EOS excluded, per second), samples/s, waste
 (row-steps spent on finished rows: static Hugging Face batches only). Ratios are the median over rounds of each
 round's ratio (paired, so load swings between rounds cancel).
 

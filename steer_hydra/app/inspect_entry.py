@@ -3,8 +3,9 @@
 `inspect eval steer_hydra/short_answer --model steer_hydra/pasta -M arm=pasta -M base_model=tiny` composes this
 app's config groups with the `-M` pairs as overrides (`base_model` stands for the `model` group: Inspect's
 `get_model()` has a `model` parameter of its own, so `-M model=...` never reaches a provider), builds and
-steers the pipeline, and uses the options of the composed `provider` group. Pass `--max-connections` equal to
-the batch ceiling (`provider.max_batch_size`, or 1 for an arm that cannot batch) so batches fill.
+steers the pipeline, and uses the options of the composed `provider` group. Pass `--max-connections` with the
+provider's `max_connections()` (the rule is stated in `steer_hydra.evaluation.provider`): Inspect's adaptive
+concurrency ignores the provider's value unless it is given, and batches then do not fill.
 
 The name after `steer_hydra/` is the arm: `--model steer_hydra/pasta -M base_model=tiny` runs arm `pasta`; with
 `-M arm=...` the name must be that arm (or its display name `arm@...`), else the run is refused before any model

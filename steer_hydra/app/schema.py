@@ -18,7 +18,7 @@ from inspect_ai.util import DisplayType
 from omegaconf import MISSING
 
 from steer_hydra.core.backend import BACKENDS
-from steer_hydra.core.params import SEED_SCOPES
+from steer_hydra.core.params import DEFAULT_SEED_SCOPE, SEED_SCOPES
 from steer_hydra.evaluation.options import BATCHING_MODES, SPLIT_MODES, UNSUPPORTED_POLICIES
 from steer_hydra.evaluation.runner import ON_UNSUPPORTED
 
@@ -76,7 +76,8 @@ class SuiteConfig:
 
 @dataclass
 class ProviderConfig:
-    """`provider` group: `ProviderOptions`."""
+    """`provider` group: `ProviderOptions`. Shapes only: the values (e.g. `max_batch_size >= 1`) are validated by
+    `ProviderOptions` itself, which `JobPlan.from_config` builds before any model loads."""
 
     runtime_kwargs: dict[str, Any] = field(default_factory=dict)
     chat_template_kwargs: Optional[dict[str, Any]] = None  # noqa: UP045
@@ -86,7 +87,7 @@ class ProviderConfig:
     reasoning_opened_at_start: bool = False
     reasoning_split: ReasoningSplit = ReasoningSplit.auto
     on_unsupported_param: OnUnsupportedParam = OnUnsupportedParam["raise"]
-    seed_scope: SeedScope = SeedScope.dispatch
+    seed_scope: SeedScope = SeedScope[DEFAULT_SEED_SCOPE]
     batching: Batching = Batching.static  # "refill" frees a finished row's slot at once (Hugging Face backend)
 
 

@@ -161,15 +161,17 @@ def config_digest(descriptor: Any) -> str:
     return hashlib.sha256(canonical_json(descriptor).encode()).hexdigest()[:12]
 
 
-def derive_trial_seed(base_seed: int, config_id: str, trial_id: int) -> int:
-    """First 4 bytes (big-endian) of sha256(`base:config:trial`): one seed per (configuration, trial)."""
-    digest = hashlib.sha256(f"{base_seed}:{config_id}:{trial_id}".encode()).digest()
+def derive_trial_seed(seed: int, config_id: str, trial_id: int) -> int:
+    """The trial seed of one (configuration, trial): the first 4 bytes (big-endian) of sha256(`seed:config:trial`),
+    where `seed` is the seed the run was launched with and `trial_id` the trial index."""
+    digest = hashlib.sha256(f"{seed}:{config_id}:{trial_id}".encode()).digest()
     return int.from_bytes(digest[:4], "big")
 
 
-def derive_item_seed(base_seed: int, op: str, index: int) -> int:
-    """First 8 bytes of sha256(`base:op:index`), masked to 63 bits: one seed per generated row."""
-    digest = hashlib.sha256(f"{base_seed}:{op}:{index}".encode()).digest()
+def derive_item_seed(request_seed: int, op: str, index: int) -> int:
+    """The seed of one generated row: the first 8 bytes of sha256(`request_seed:op:index`), masked to 63 bits,
+    where `request_seed` is the seed of the generate call (or of the rollout) the row belongs to."""
+    digest = hashlib.sha256(f"{request_seed}:{op}:{index}".encode()).digest()
     return int.from_bytes(digest[:8], "big") & ((1 << 63) - 1)
 
 

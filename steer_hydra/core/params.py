@@ -9,6 +9,9 @@ from typing import Any, Literal
 
 DEFAULT_MAX_NEW_TOKENS = 256
 SEED_SCOPES = ("item", "dispatch")
+# How a seeded sampling call applies its seed: "dispatch" seeds the whole call once and decodes it in one pass;
+# "item" derives one seed per row and decodes the rows one at a time (reproducible per row).
+DEFAULT_SEED_SCOPE = "dispatch"
 
 # Names the pipeline owns in `generate(**gen_kwargs)`; everything else lands in `extra` (passed through on
 # Hugging Face, refused by engine backends).
@@ -42,7 +45,7 @@ class GenerationParams:
     repetition_penalty: float | None = None
     n: int = 1
     seed: int | None = None
-    seed_scope: Literal["item", "dispatch"] = "item"
+    seed_scope: Literal["item", "dispatch"] = DEFAULT_SEED_SCOPE
     stop_strings: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     extra: Mapping[str, Any] = field(default_factory=dict)
@@ -70,7 +73,7 @@ class GenerationParams:
             repetition_penalty=_opt(float, kw.pop("repetition_penalty", None)),
             n=int(kw.pop("n", 1) or 1),
             seed=_opt(int, kw.pop("seed", None)),
-            seed_scope=kw.pop("seed_scope", None) or "item",
+            seed_scope=kw.pop("seed_scope", None) or DEFAULT_SEED_SCOPE,
             stop_strings=_as_tuple(kw.pop("stop_strings", None), str, "stop_strings"),
             stop_token_ids=_as_tuple(kw.pop("stop_token_ids", None), int, "stop_token_ids"),
             extra=extra,

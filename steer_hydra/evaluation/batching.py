@@ -26,8 +26,9 @@ Invariants:
 - While a batch is in flight new requests accumulate in the queue: the in-flight generation is the collation
   window. Before taking its batch, a leader below the ceiling also yields to the event loop until arrivals stop
   (a bounded number of yields, no clock), so a burst of requests that starts as a batch finishes dispatches
-  together instead of as fragments. With a ceiling of 1 the same path is strict serialization. Give Inspect
-  twice the ceiling as `max_connections` (`inspect_connections`) so a full next batch is queued when one ends.
+  together instead of as fragments. With a ceiling of 1 the same path is strict serialization. Give Inspect the
+  provider's `max_connections()` (see `steer_hydra.evaluation.provider`) so a full next batch is queued when one
+  ends.
 
 Runtime kwargs arrive on two tiers and are read against the declared scopes of the enabled controls:
 static (`ProviderOptions.runtime_kwargs`) "call" values pass through unchanged, static "row" values are one
@@ -153,7 +154,8 @@ class LockLeaderCollator:
 
     Args:
         pipeline: The steered pipeline; the lock holder is its only caller.
-        max_batch_size: The dispatch ceiling, already clamped to 1 by the caller when the pipeline cannot batch.
+        batch_ceiling: The most requests one dispatch may batch: the provider's `batch_ceiling`
+            (`ProviderOptions.batch_ceiling(pipeline)`, validated there).
         prompt_path: "messages" dispatches conversations via `messages=`, "text" rendered strings via `text=`.
         declared_scopes: `{name: "row" | "call"}` for every runtime kwarg the enabled controls declare.
         static_runtime_kwargs: Applied to every dispatch (shallow-copied, never mutated).
@@ -164,18 +166,16 @@ class LockLeaderCollator:
         self,
         pipeline: SteeringPipeline,
         *,
-        max_batch_size: int,
+        batch_ceiling: int,
         prompt_path: PromptPath,
         declared_scopes: Mapping[str, str],
         static_runtime_kwargs: Mapping[str, Any],
         chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
-        if int(max_batch_size) < 1:
-            raise ValueError(f"max_batch_size must be >= 1; got {max_batch_size!r}.")
         if prompt_path not in ("messages", "text"):
             raise ValueError(f"prompt_path must be 'messages' or 'text'; got {prompt_path!r}.")
         self._pipeline = pipeline
-        self._max_batch_size = int(max_batch_size)
+        self._batch_ceiling = batch_ceiling
         self._prompt_path: PromptPath = prompt_path
         self._declared_scopes = dict(declared_scopes)
         self._static = dict(static_runtime_kwargs)
@@ -202,9 +202,9 @@ class LockLeaderCollator:
 
     # ------------------------------------------------------------------ state
     @property
-    def max_batch_size(self) -> int:
-        """The dispatch ceiling."""
-        return self._max_batch_size
+    def batch_ceiling(self) -> int:
+        """The most requests one dispatch may batch."""
+        return self._batch_ceiling
 
     @property
     def queued(self) -> int:
@@ -366,7 +366,7 @@ class LockLeaderCollator:
         head = next(iter(self._queue.values()), None)
         if head is None:
             return []
-        if head.num_choices > 1 or self._max_batch_size == 1 or self._compatible(head) >= self._max_batch_size:
+        if head.num_choices > 1 or self._batch_ceiling == 1 or self._compatible(head) >= self._batch_ceiling:
             return self._take_batch(head)
         return []
 
@@ -381,11 +381,11 @@ class LockLeaderCollator:
         dispatching the first arrival alone would split that burst into fragments. On an idle loop a yield
         costs microseconds, so the wait is bounded by a few milliseconds when nothing comes.
         """
-        if leader.num_choices > 1 or self._max_batch_size == 1:
+        if leader.num_choices > 1 or self._batch_ceiling == 1:
             return
         idle = 0
         seen = len(self._queue)
-        while self._compatible(leader) < self._max_batch_size:
+        while self._compatible(leader) < self._batch_ceiling:
             if idle >= (AWAITED_FILL_PATIENCE if self._awaited else FILL_PATIENCE):
                 return
             await anyio.lowlevel.checkpoint()
@@ -399,7 +399,7 @@ class LockLeaderCollator:
         """Remove the leader plus up to ceiling-1 same-key queued records (queue order) from the queue."""
         self._discard(leader)
         batch = [leader]
-        room = self._max_batch_size - 1
+        room = self._batch_ceiling - 1
         if leader.num_choices > 1 or room <= 0:
             return batch
         for queued in list(self._queue.values()):

@@ -1,7 +1,8 @@
 """`ProviderOptions` (how the Inspect provider drives a pipeline), its value sets, and the GenerateConfig field sets.
 
-`ProviderOptions.batch_ceiling(pipeline)` is the one owner of the batch-ceiling rule: `max_batch_size`, or 1
-when an enabled control cannot batch. The value sets here (`BATCHING_MODES`, `UNSUPPORTED_POLICIES`, ...) are
+`ProviderOptions.max_batch_size` is what the user asks for (validated here, once);
+`ProviderOptions.batch_ceiling(pipeline)` is the one owner of the rule for the ceiling in force: `max_batch_size`,
+or 1 when an enabled control cannot batch. The value sets here (`BATCHING_MODES`, `UNSUPPORTED_POLICIES`, ...) are
 the ones the app's config schema (`app/schema.py`) builds its enums from.
 """
 
@@ -13,7 +14,7 @@ from typing import Any
 
 from inspect_ai.model import GenerateConfig
 
-from steer_hydra.core.params import SEED_SCOPES
+from steer_hydra.core.params import DEFAULT_SEED_SCOPE, SEED_SCOPES
 from steer_hydra.evaluation.thinking import DEFAULT_THINK_TAGS, SPLIT_MODES
 
 # Every GenerateConfig field belongs to exactly one of these sets (a test fails when Inspect adds a field).
@@ -87,7 +88,7 @@ class ProviderOptions:
         runtime_kwargs: Static runtime kwargs applied to every request ("row"-scoped values are one row's value,
             broadcast to every row; "call"-scoped values pass through; undeclared names are inert).
         chat_template_kwargs: Forwarded to `apply_chat_template` on the messages path (refused on the text path).
-        max_batch_size: The batching ceiling (clamped to 1 when the pipeline cannot batch: `batch_ceiling`).
+        max_batch_size: The batch size asked for; the ceiling in force is `batch_ceiling(pipeline)`.
         default_max_tokens: `max_tokens` for requests that set none.
         reasoning_tags: `(open, close)` tags split off as reasoning before scoring; None disables the split.
         reasoning_opened_at_start: The prompt opens the thinking channel, so a continuation starts inside it.
@@ -95,9 +96,9 @@ class ProviderOptions:
             "tokens".
         on_unsupported_param: "raise" (default) or "warn" (warn once per field, then ignore) for
             `GenerateConfig` parameters the pipeline cannot honor.
-        seed_scope: "dispatch" (one derived seed per batched dispatch, decoded in one pass) or "item" (one seed
-            per row, rows decoded one at a time), attached to seeded sampling requests. Static batching only:
-            refill always samples each row from its own item seed.
+        seed_scope: "dispatch" (the default: one derived seed per batched dispatch, decoded in one pass) or
+            "item" (one seed per row, rows decoded one at a time), attached to seeded sampling requests. Static
+            batching only: refill always samples each row from its own item seed.
         batching: "refill" decodes in one loop that refills a finished row's slot with the next request
             (`RefillCollator`; Hugging Face backend, controls that declare `supports_refill`), "static" runs
             each batch until its longest row ends (`LockLeaderCollator`, the default), "auto" refills whenever
@@ -112,7 +113,7 @@ class ProviderOptions:
     reasoning_opened_at_start: bool = False
     reasoning_split: str = "auto"
     on_unsupported_param: str = "raise"
-    seed_scope: str = "dispatch"
+    seed_scope: str = DEFAULT_SEED_SCOPE
     batching: str = "static"
 
     def __post_init__(self) -> None:
@@ -133,7 +134,10 @@ class ProviderOptions:
         for name in ("max_batch_size", "default_max_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"ProviderOptions.{name} must be an integer >= 1; got {value!r}.")
+                raise ValueError(
+                    f"ProviderOptions.{name} must be an integer >= 1; got {value!r}. Fix: set {name} (provider."
+                    f"{name} in the app config) to a positive integer."
+                )
         tags = self.reasoning_tags
         if tags is not None:
             if (
@@ -162,6 +166,6 @@ class ProviderOptions:
                 raise ValueError(f"ProviderOptions.{name} must be one of {allowed}; got {value!r}.")
 
     def batch_ceiling(self, pipeline: Any) -> int:
-        """The most requests one dispatch may batch for `pipeline`: `max_batch_size`, or 1 when an enabled
-        control cannot batch (`pipeline.supports_batching` is False)."""
+        """The batch ceiling in force for `pipeline` (the most requests one dispatch may batch): `max_batch_size`,
+        or 1 when an enabled control cannot batch (`pipeline.supports_batching` is False)."""
         return self.max_batch_size if pipeline.supports_batching else 1

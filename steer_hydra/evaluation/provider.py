@@ -12,13 +12,13 @@ Contract:
 - Prompt path: with a chat template, conversations are dispatched as `messages=` (every input control runs as
   in deployment); without one, each conversation is rendered to plain text and dispatched as `text=` (no
   `adapt_messages`; token-level `adapt` still runs). The path is fixed at construction and warned about once.
-- The batch ceiling is `ProviderOptions.batch_ceiling(pipeline)` (`max_batch_size`, or 1 when the pipeline cannot
-  batch; `effective_max_batch`). **Pass `max_connections=model.api.inspect_connections` to every `inspect_ai.eval` /
-  `eval_set` call**: Inspect's adaptive concurrency ignores `ModelAPI.max_connections()` unless
-  `max_connections` is given, and with it given `max_samples` defaults to the same value. That number is twice
-  the ceiling: under static batching the next full batch is queued when one ends, so the collator's worker
-  starts it at once while Inspect finishes the previous batch's samples on its event loop; under refill a freed
-  slot finds the next request waiting. `inspect_max_connections(model)` returns it.
+- Batch ceiling and connections: the provider's `batch_ceiling` is the ceiling in force,
+  `ProviderOptions.batch_ceiling(pipeline)`. Its `max_connections()` is twice the ceiling: under static batching
+  the next full batch is queued when one ends, so the collator's worker starts it at once while Inspect finishes
+  the previous batch's samples on its event loop; under refill a freed slot finds the next request waiting.
+  **Pass `max_connections=model.api.max_connections()` to every `inspect_ai.eval` / `eval_set` call**: Inspect's
+  adaptive concurrency (on by default) ignores `ModelAPI.max_connections()` unless `max_connections` is given,
+  and with it given `max_samples` defaults to the same value.
 - Batching (`ProviderOptions.batching`): "refill" (or "auto": refill where the pipeline allows it) decodes every
   request in one loop that refills a finished row's slot at once (`refill_serving.RefillCollator`); "static"
   (the default) runs each batch until its longest row ends (`batching.LockLeaderCollator`).
@@ -107,7 +107,7 @@ class SteeringPipelineModelAPI(ModelAPI):
         model_name: The name after `steer_hydra/` in logs.
         pipeline: A steered pipeline (`pipeline.steer()` has run).
         options: `ProviderOptions` (defaults when None).
-        base_seed: Seed for sampling requests that set no seed of their own (e.g. the trial seed).
+        trial_seed: The seed of sampling requests that set none (the runner passes the trial seed).
     """
 
     def __init__(
@@ -120,7 +120,7 @@ class SteeringPipelineModelAPI(ModelAPI):
         *,
         pipeline: SteeringPipeline | None = None,
         options: ProviderOptions | None = None,
-        base_seed: int | None = None,
+        trial_seed: int | None = None,
         **model_args: Any,
     ) -> None:
         super().__init__(model_name=model_name, config=GenerateConfig())
@@ -147,7 +147,7 @@ class SteeringPipelineModelAPI(ModelAPI):
             logger.debug("Ignoring model_args %s: the steer_hydra provider reads ProviderOptions.", model_args)
         self._pipeline = pipeline
         self._options = options
-        self._base_seed = None if base_seed is None else int(base_seed)
+        self._trial_seed = None if trial_seed is None else int(trial_seed)
         self._tokenizer = pipeline.tokenizer
         self._warned_params: set[str] = set()
 
@@ -167,12 +167,14 @@ class SteeringPipelineModelAPI(ModelAPI):
                 stacklevel=2,
             )
 
-        self._effective_max_batch = options.batch_ceiling(pipeline)
-        if self._effective_max_batch != options.max_batch_size:
+        self._batch_ceiling = options.batch_ceiling(pipeline)
+        if self._batch_ceiling != options.max_batch_size:
             logger.info(
                 "The pipeline has a control that does not support batching; the batch ceiling is clamped from "
-                "max_batch_size=%d to 1 (pass max_connections=1 to Inspect).",
+                "max_batch_size=%d to %d (pass max_connections=model.api.max_connections(), now %d, to Inspect).",
                 options.max_batch_size,
+                self._batch_ceiling,
+                self.max_connections(),
             )
 
         self._declared_scopes = {
@@ -185,7 +187,7 @@ class SteeringPipelineModelAPI(ModelAPI):
         collator_class = RefillCollator if self._batching == "refill" else LockLeaderCollator
         self._collator = collator_class(
             pipeline,
-            max_batch_size=self._effective_max_batch,
+            batch_ceiling=self._batch_ceiling,
             prompt_path=self._prompt_path,
             declared_scopes=self._declared_scopes,
             static_runtime_kwargs=options.runtime_kwargs,
@@ -203,7 +205,7 @@ class SteeringPipelineModelAPI(ModelAPI):
                 f"ProviderOptions.batching='refill' but this pipeline cannot refill: {'; '.join(blockers)}. "
                 "Fix: use batching='static' (or 'auto', which falls back to static)."
             )
-        if blockers or self._effective_max_batch == 1:
+        if blockers or self._batch_ceiling == 1:
             if mode == "auto":
                 logger.debug("Static batching: %s", "; ".join(blockers) or "ceiling 1")
             return "static" if mode == "auto" else "refill"
@@ -226,21 +228,14 @@ class SteeringPipelineModelAPI(ModelAPI):
         return self._prompt_path
 
     @property
-    def effective_max_batch(self) -> int:
-        """The batch ceiling in force; pass it as Inspect's `max_connections`."""
-        return self._effective_max_batch
+    def batch_ceiling(self) -> int:
+        """The batch ceiling in force: `ProviderOptions.batch_ceiling(pipeline)`."""
+        return self._batch_ceiling
 
     @property
     def inert_runtime_kwargs(self) -> frozenset[str]:
         """Runtime kwargs seen on either tier that no enabled control declares."""
         return self._collator.inert_runtime_kwargs
-
-    @property
-    def inspect_connections(self) -> int:
-        """The `max_connections` to give Inspect: twice the ceiling, so that the next batch (static) or a finished
-        row's replacement (refill) is already waiting when a slot frees, and generation overlaps Inspect's work
-        on the finished samples (Inspect finishes a sample on its event loop before it sends the next one)."""
-        return 2 * self._effective_max_batch
 
     @property
     def batching(self) -> str:
@@ -257,7 +252,8 @@ class SteeringPipelineModelAPI(ModelAPI):
         return self._options.default_max_tokens
 
     def max_connections(self) -> int:
-        return self._effective_max_batch
+        """The `max_connections` to pass to Inspect (the rule and why: the module docstring)."""
+        return 2 * self._batch_ceiling
 
     def connection_key(self) -> str:
         return f"{PROVIDER_NAME}:{id(self)}"
@@ -357,7 +353,7 @@ class SteeringPipelineModelAPI(ModelAPI):
                     gen_kwargs["top_p"] = float(config.top_p)
                 if config.top_k is not None:
                     gen_kwargs["top_k"] = int(config.top_k)
-                seed = config.seed if config.seed is not None else self._base_seed
+                seed = config.seed if config.seed is not None else self._trial_seed
                 if seed is not None:
                     gen_kwargs["seed"] = int(seed)
                     gen_kwargs["seed_scope"] = self._options.seed_scope
@@ -492,27 +488,19 @@ def as_inspect_model(
     pipeline: SteeringPipeline,
     *,
     options: ProviderOptions | None = None,
-    base_seed: int | None = None,
+    trial_seed: int | None = None,
     model_name: str = DEFAULT_MODEL_NAME,
 ) -> Model:
     """Wrap a steered pipeline as an Inspect `Model` named `steer_hydra/<model_name>`.
 
-    `model.api` is the `SteeringPipelineModelAPI`. Pass `max_connections=model.api.inspect_connections` to
-    `inspect_ai.eval` / `eval_set` (see the module docstring); Inspect never closes the model, so call
-    `model.api.close()` and release the pipeline yourself when done.
+    `model.api` is the `SteeringPipelineModelAPI`. `trial_seed` is the seed of sampling requests that set none
+    (the runner passes the trial seed). Pass `max_connections=model.api.max_connections()` to `inspect_ai.eval` /
+    `eval_set` (see the module docstring); Inspect never closes the model, so call `model.api.close()` and release
+    the pipeline yourself when done.
 
     Example:
         >>> model = as_inspect_model(pipeline, options=ProviderOptions(max_batch_size=8))
-        >>> logs = inspect_ai.eval(task, model=model, max_connections=model.api.inspect_connections, temperature=0)
+        >>> logs = inspect_ai.eval(task, model=model, max_connections=model.api.max_connections(), temperature=0)
     """
-    api = steer_hydra(model_name, pipeline=pipeline, options=options, base_seed=base_seed)
+    api = steer_hydra(model_name, pipeline=pipeline, options=options, trial_seed=trial_seed)
     return Model(api, GenerateConfig())
-
-
-def inspect_max_connections(model: Model) -> int:
-    """The `max_connections` to pass to Inspect for a model built by `as_inspect_model` (`inspect_connections`:
-    the batch ceiling, twice the ceiling under refill)."""
-    api = model.api
-    if not isinstance(api, SteeringPipelineModelAPI):
-        raise TypeError(f"{model} is not a steer_hydra model; build it with as_inspect_model(pipeline).")
-    return api.inspect_connections

@@ -136,8 +136,8 @@ class RefillCollator(LockLeaderCollator):
         keys = tuple(sorted(head.per_sample_runtime_kwargs))
         engine_fits = head.num_choices == 1 and (self._engine is None or self._engine.idle or keys == self._engine_keys)
         if not engine_fits:
-            return [], self._pop_same_key(head, self._max_batch_size if head.num_choices == 1 else 1)
-        room = self._max_batch_size if self._engine is None else self._engine.room
+            return [], self._pop_same_key(head, self._batch_ceiling if head.num_choices == 1 else 1)
+        room = self._batch_ceiling if self._engine is None else self._engine.room
         if room == 0:
             return [], []
         return self._pop_same_key(head, room), []
@@ -150,7 +150,7 @@ class RefillCollator(LockLeaderCollator):
 
     def _admit(self, group: list[BatchRequest]) -> None:
         if self._engine is None:
-            self._engine = self._pipeline.open_refill(self._max_batch_size)
+            self._engine = self._pipeline.open_refill(self._batch_ceiling)
         leader = group[0]
         gen_kwargs = dict(leader.gen_kwargs)
         if self._chat_template_kwargs is not None:

@@ -2,9 +2,8 @@
 
 Invariants:
 - one Inspect model per `run()` (`as_inspect_model`), so a suite never reuses another configuration's model;
-- `max_connections` is passed to `eval_set` explicitly (the provider's `inspect_connections`, twice its batch
-  ceiling so the next batch is queued while one decodes, unless the caller gives one): Inspect's adaptive
-  concurrency ignores the provider's own `max_connections()` otherwise;
+- `max_connections` is passed to `eval_set` explicitly (the provider's `max_connections()`, whose rule the
+  provider module states, unless the caller gives one): Inspect's adaptive concurrency ignores it otherwise;
 - `eval_set` gives task retry and log-based resume: a re-run into the same `log_dir` completes only the missing
   samples. Give every (configuration, trial, suite) cell its own `log_dir` (a different task identity in the same
   directory is refused by Inspect);
@@ -103,7 +102,7 @@ class InspectSuite:
         *,
         log_dir: str | Path,
         options: Any = None,
-        base_seed: int | None = None,
+        trial_seed: int | None = None,
         model_name: str = "steering-pipeline",
         generate_defaults: Mapping[str, Any] | None = None,
         display: str = "none",
@@ -117,6 +116,7 @@ class InspectSuite:
         Returns `{task: {"metrics": {"scorer/metric": value}, "n": completed samples, "failed": samples without a
         score, "log": location}}`, where the location is relative to `log_dir` for local logs. `tags` and
         `metadata` go into every log's header (`inspect view` shows them; they are not part of task identity).
+        `trial_seed` is the seed of sampling requests that set none (the runner passes the trial seed).
         """
         from inspect_ai import eval_set
 
@@ -131,8 +131,8 @@ class InspectSuite:
                 "Remove it from generate_defaults/generate_overrides."
             )
         _check_max_tokens(pipeline, settings.get("max_tokens", getattr(options, "default_max_tokens", None)))
-        model = as_inspect_model(pipeline, options=options, base_seed=base_seed, model_name=model_name)
-        settings.setdefault("max_connections", model.api.inspect_connections)
+        model = as_inspect_model(pipeline, options=options, trial_seed=trial_seed, model_name=model_name)
+        settings.setdefault("max_connections", model.api.max_connections())
         common: dict[str, Any] = {
             "model": model,
             "task_args": dict(self.task_args),

@@ -117,7 +117,7 @@ def run_eval(
     limit: int | None = None,
 ) -> dict[str, tuple[str, float]]:
     """`task` (default `eval_task()`) through the provider on `pipeline`, greedy, with the provider's
-    `inspect_connections`: `{sample id: (completion, includes score as 0/1)}`."""
+    `max_connections()`: `{sample id: (completion, includes score as 0/1)}`."""
     task = task or eval_task()
     model = as_inspect_model(pipeline, options=ProviderOptions(max_batch_size=8))
     (log,) = inspect_eval(
@@ -128,7 +128,7 @@ def run_eval(
         limit=limit,
         temperature=0,
         max_tokens=max_tokens,
-        max_connections=model.api.inspect_connections,
+        max_connections=model.api.max_connections(),
     )
     model.api.close()
     expected = len(task.dataset) if limit is None else min(limit, len(task.dataset))

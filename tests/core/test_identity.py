@@ -43,7 +43,7 @@ def test_config_digest():
 
 def test_trial_seed_is_first_four_bytes_of_sha256():
     expected = int.from_bytes(hashlib.sha256(b"7:baseline:1").digest()[:4], "big")
-    assert derive_trial_seed(7, "baseline", 1) == expected
+    assert derive_trial_seed(seed=7, config_id="baseline", trial_id=1) == expected
     seeds = {derive_trial_seed(7, c, t) for c in ("baseline", "abc") for t in (0, 1)}
     assert len(seeds) == 4
 
@@ -52,6 +52,7 @@ def test_item_seed_is_63_bits():
     seed = derive_item_seed(5, "generate", 3)
     assert 0 <= seed < 2**63
     assert seed == int.from_bytes(hashlib.sha256(b"5:generate:3").digest()[:8], "big") & (2**63 - 1)
+    assert derive_item_seed(request_seed=5, op="generate", index=3) == seed
 
 
 def test_model_fingerprint_tracks_weights():

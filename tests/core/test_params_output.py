@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from steer_hydra.core import GenerationParams, Output, infer_finish_reasons, truncate_at_stop_strings
+from steer_hydra.core.params import DEFAULT_SEED_SCOPE
 
 
 def test_from_kwargs_normalizes():
@@ -36,6 +37,14 @@ def test_from_kwargs_normalizes():
         GenerationParams.from_kwargs(max_new_tokens=0)
     with pytest.raises(ValueError, match="disagree"):
         GenerationParams.from_kwargs(n=2, num_return_sequences=3)
+
+
+def test_seed_scope_defaults_to_dispatch():
+    assert DEFAULT_SEED_SCOPE == "dispatch"
+    assert GenerationParams().seed_scope == "dispatch"
+    assert GenerationParams.from_kwargs(temperature=1.0, seed=3).seed_scope == "dispatch"
+    assert GenerationParams.from_kwargs(seed_scope=None).seed_scope == "dispatch"
+    assert GenerationParams.from_kwargs(seed_scope="item").seed_scope == "item"
 
 
 def test_merge_lowered_union_min_max():

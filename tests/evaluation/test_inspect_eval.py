@@ -58,7 +58,7 @@ def run(task, model, tmp_path):
         log_dir=str(tmp_path),
         temperature=0,
         max_tokens=8,
-        max_connections=model.api.effective_max_batch,
+        max_connections=model.api.max_connections(),
     )
     return log
 

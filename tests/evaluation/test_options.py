@@ -21,4 +21,4 @@ def test_the_provider_uses_the_options_rule(make_pipeline):
 
     pipeline = make_pipeline()
     options = ProviderOptions(max_batch_size=5)
-    assert as_inspect_model(pipeline, options=options).api.effective_max_batch == options.batch_ceiling(pipeline) == 5
+    assert as_inspect_model(pipeline, options=options).api.batch_ceiling == options.batch_ceiling(pipeline) == 5

@@ -35,7 +35,6 @@ from steer_hydra.evaluation.provider import (
     RUNTIME_KWARGS_EXTRA_BODY_KEY,
     SteeringPipelineModelAPI,
     as_inspect_model,
-    inspect_max_connections,
 )
 from steer_hydra.models import TinySpec, build_tiny_tokenizer
 
@@ -115,9 +114,10 @@ def test_options_chat_template_kwargs_must_be_a_mapping_or_none():
 
 
 @pytest.mark.parametrize("name", ["max_batch_size", "default_max_tokens"])
-def test_options_sizes_must_be_positive(name):
-    with pytest.raises(ValueError, match=name):
-        ProviderOptions(**{name: 0})
+@pytest.mark.parametrize("value", [0, -1, 2.0, True])
+def test_options_sizes_must_be_positive_integers(name, value):
+    with pytest.raises(ValueError, match=rf"ProviderOptions\.{name} must be an integer >= 1; got {value!r}\. Fix:"):
+        ProviderOptions(**{name: value})
 
 
 @pytest.mark.parametrize("tags", [("", "</think>"), ("<think>",), "<think>", ("<a>", 3)])
@@ -198,20 +198,20 @@ def test_messages_path_does_not_warn():
         build(StubPipeline(chat=True))
 
 
-def test_effective_max_batch_clamps_unbatchable_pipelines(caplog):
-    assert build(max_batch_size=3).effective_max_batch == 3
+def test_batch_ceiling_clamps_unbatchable_pipelines(caplog):
+    assert build(max_batch_size=3).batch_ceiling == 3
     with caplog.at_level(logging.INFO, logger="steer_hydra.evaluation.provider"):
         api = build(StubPipeline(supports_batching=False), max_batch_size=8)
-    assert api.effective_max_batch == 1
-    assert any("clamped" in r.getMessage() for r in caplog.records)
+    assert api.batch_ceiling == 1
+    (message,) = [r.getMessage() for r in caplog.records if "clamped" in r.getMessage()]
+    assert "max_batch_size=8 to 1" in message and "now 2" in message  # the number it states is max_connections()
 
 
-def test_max_connections_is_the_effective_ceiling():
-    assert build(max_batch_size=3).max_connections() == 3
-    assert build(StubPipeline(supports_batching=False), max_batch_size=8).max_connections() == 1
+def test_max_connections_is_twice_the_batch_ceiling():
+    assert build(max_batch_size=3).max_connections() == 6  # the next batch waits while one decodes
+    assert build(StubPipeline(supports_batching=False), max_batch_size=8).max_connections() == 2
     model = as_inspect_model(StubPipeline(), options=ProviderOptions(max_batch_size=5))
-    assert model.api.effective_max_batch == 5
-    assert inspect_max_connections(model) == 10  # the next batch waits while one decodes
+    assert (model.api.batch_ceiling, model.api.max_connections()) == (5, 10)
 
 
 def test_max_tokens_is_the_default_max_tokens():
@@ -389,18 +389,18 @@ def test_max_tokens_and_stop_seqs():
 
 
 def test_no_temperature_attaches_no_sampling_kwargs():
-    api = SteeringPipelineModelAPI("stub", pipeline=StubPipeline(), base_seed=11)
+    api = SteeringPipelineModelAPI("stub", pipeline=StubPipeline(), trial_seed=11)
     assert api._map_generate_config(GenerateConfig(top_p=0.9, top_k=4, seed=5))[0] == {}
 
 
 def test_temperature_zero_is_greedy_only():
-    api = SteeringPipelineModelAPI("stub", pipeline=StubPipeline(), base_seed=11)
+    api = SteeringPipelineModelAPI("stub", pipeline=StubPipeline(), trial_seed=11)
     config = GenerateConfig(temperature=0, top_p=0.9, top_k=4, seed=5)
     assert api._map_generate_config(config)[0] == {"do_sample": False}
 
 
 def test_sampling_kwargs_with_seed():
-    api = SteeringPipelineModelAPI("stub", pipeline=StubPipeline(), base_seed=11)
+    api = SteeringPipelineModelAPI("stub", pipeline=StubPipeline(), trial_seed=11)
     gen_kwargs, _, _ = api._map_generate_config(GenerateConfig(temperature=0.7, top_p=0.9, top_k=40, seed=5))
     assert gen_kwargs == {
         "do_sample": True, "temperature": 0.7, "top_p": 0.9, "top_k": 40, "seed": 5, "seed_scope": "dispatch",
@@ -408,13 +408,13 @@ def test_sampling_kwargs_with_seed():
     assert isinstance(gen_kwargs["temperature"], float) and isinstance(gen_kwargs["top_k"], int)
 
 
-def test_sampling_seed_falls_back_to_base_seed_and_scope_follows_options():
+def test_sampling_seed_falls_back_to_trial_seed_and_scope_follows_options():
     assert build()._map_generate_config(GenerateConfig(temperature=0.5))[0] == {"do_sample": True, "temperature": 0.5}
-    seeded = SteeringPipelineModelAPI("stub", pipeline=StubPipeline(), base_seed=11)
+    seeded = SteeringPipelineModelAPI("stub", pipeline=StubPipeline(), trial_seed=11)
     gen_kwargs = seeded._map_generate_config(GenerateConfig(temperature=0.5))[0]
     assert (gen_kwargs["seed"], gen_kwargs["seed_scope"]) == (11, "dispatch")
     item = SteeringPipelineModelAPI(
-        "stub", pipeline=StubPipeline(), base_seed=11, options=ProviderOptions(seed_scope="item")
+        "stub", pipeline=StubPipeline(), trial_seed=11, options=ProviderOptions(seed_scope="item")
     )
     assert item._map_generate_config(GenerateConfig(temperature=0.5))[0]["seed_scope"] == "item"
 

@@ -15,7 +15,7 @@ from inspect_ai.dataset import MemoryDataset, Sample
 from inspect_ai.scorer import includes
 
 from steer_hydra.controls.state import PASTA, ActAdd
-from steer_hydra.evaluation import ProviderOptions, as_inspect_model, inspect_max_connections, runtime_kwargs_solver
+from steer_hydra.evaluation import ProviderOptions, as_inspect_model, runtime_kwargs_solver
 from steer_hydra.evaluation.refill_serving import RefillCollator
 
 pytestmark = pytest.mark.filterwarnings("ignore:The 'initial' parameter is deprecated:DeprecationWarning")
@@ -34,7 +34,7 @@ def chat(word):
 def collator_for(pipeline, ceiling=2, scopes=None):
     return RefillCollator(
         pipeline,
-        max_batch_size=ceiling,
+        batch_ceiling=ceiling,
         prompt_path="messages",
         declared_scopes=scopes or {},
         static_runtime_kwargs={},
@@ -151,8 +151,8 @@ def test_batching_option_resolves_and_refuses_what_cannot_refill(make_pipeline):
     refill = as_inspect_model(make_pipeline(), options=ProviderOptions(max_batch_size=3, batching="auto"))
     static = as_inspect_model(make_pipeline(), options=ProviderOptions(max_batch_size=3))
     assert (refill.api.batching, static.api.batching) == ("refill", "static")  # auto refills when it can
-    assert inspect_max_connections(refill) == refill.api.inspect_connections == 6  # a request waits per slot
-    assert inspect_max_connections(static) == static.api.inspect_connections == 6  # the next batch waits
+    assert refill.api.max_connections() == 6  # a request waits per slot
+    assert static.api.max_connections() == 6  # the next batch waits
     actadd = make_pipeline([ActAdd(steering_vector=torch.ones(64), layer_id=0)])
     assert as_inspect_model(actadd, options=ProviderOptions(batching="auto")).api.batching == "static"
     with pytest.raises(ValueError, match=r"batching='refill'.*ActAdd.*Fix"):
@@ -179,7 +179,7 @@ def test_inspect_eval_with_refill_matches_static_completions(make_pipeline, tmp_
             log_dir=str(tmp_path / batching),
             temperature=0,
             max_tokens=12,
-            max_connections=model.api.inspect_connections,
+            max_connections=model.api.max_connections(),
         )
         assert log.status == "success"
         completions[batching] = {s.id: s.output.completion for s in log.samples}

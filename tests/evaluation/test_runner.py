@@ -53,19 +53,19 @@ class FakeSuite:
         self.calls = []
         self.events = events if events is not None else []
 
-    def run(self, pipeline, *, log_dir, options, base_seed, model_name, generate_defaults, display, **labels):
+    def run(self, pipeline, *, log_dir, options, trial_seed, model_name, generate_defaults, display, **labels):
         self.calls.append(
             SimpleNamespace(
                 pipeline=pipeline,
                 log_dir=Path(log_dir),
                 options=options,
-                base_seed=base_seed,
+                trial_seed=trial_seed,
                 model_name=model_name,
                 generate_defaults=generate_defaults,
                 display=display,
             )
         )
-        self.events.append(("run", self.name, model_name, base_seed))
+        self.events.append(("run", self.name, model_name, trial_seed))
         if self.fail:
             raise RuntimeError("Inspect eval_set failed for task(s): one (logs under somewhere)")
         return {"one": {"metrics": {"acc/accuracy": 0.5, "acc/stderr": 0.1}, "n": 3, "log": "one.eval"}}
@@ -247,7 +247,7 @@ def test_loop_nesting_seeds_log_dirs_and_forwarded_arguments(fake_factory, tmp_p
 def test_unseeded_runs_pass_no_seed(fake_factory, tmp_path):
     suite = FakeSuite()
     results = _eval(tmp_path, suites=[suite], num_trials=2).run()
-    assert [c.base_seed for c in suite.calls] == [None, None]
+    assert [c.trial_seed for c in suite.calls] == [None, None]
     assert [r["seed"] for r in results["baseline"]] == [None, None]
 
 

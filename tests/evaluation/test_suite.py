@@ -31,15 +31,16 @@ def fake_inspect(monkeypatch):
     state = SimpleNamespace(models=[], calls=[], status={}, closed=0)
 
     class Api:
-        inspect_connections = 4
+        def max_connections(self):
+            return 4
 
         def close(self):
             state.closed += 1
 
-    def as_inspect_model(pipeline, *, options=None, base_seed=None, model_name="steering-pipeline"):
+    def as_inspect_model(pipeline, *, options=None, trial_seed=None, model_name="steering-pipeline"):
         model = SimpleNamespace(api=Api(), name=f"steer_hydra/{model_name}")
         state.models.append(
-            {"pipeline": pipeline, "options": options, "base_seed": base_seed, "model_name": model_name}
+            {"pipeline": pipeline, "options": options, "trial_seed": trial_seed, "model_name": model_name}
         )
         return model
 
@@ -87,11 +88,11 @@ def test_run_builds_one_model_and_calls_eval_set_once(fake_inspect, tmp_path):
         pipeline,
         log_dir=tmp_path,
         options=options,
-        base_seed=11,
+        trial_seed=11,
         model_name="abc123",
         generate_defaults={"temperature": 0, "max_tokens": 16},
     )
-    assert fake_inspect.models == [{"pipeline": pipeline, "options": options, "base_seed": 11, "model_name": "abc123"}]
+    assert fake_inspect.models == [{"pipeline": pipeline, "options": options, "trial_seed": 11, "model_name": "abc123"}]
     assert len(fake_inspect.calls) == 1
     call = fake_inspect.calls[0]
     assert call["tasks"] == ["t/one", "t/two"]
@@ -103,7 +104,7 @@ def test_run_builds_one_model_and_calls_eval_set_once(fake_inspect, tmp_path):
     # a bad sample fails alone: retried at once, then the task runs on and is retried for its failed samples only
     assert (call["fail_on_error"], call["continue_on_fail"]) == (True, True)
     assert (call["retry_attempts"], call["retry_on_error"], call["retry_immediate"]) == (1, 1, True)
-    assert call["max_connections"] == 4  # the provider's batch ceiling, passed explicitly
+    assert call["max_connections"] == 4  # the provider's max_connections(), passed explicitly
     assert "model_roles" not in call
     assert call["model"].name == "steer_hydra/abc123"
     assert fake_inspect.closed == 1

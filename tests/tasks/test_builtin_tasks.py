@@ -51,7 +51,7 @@ class SubstringRecorder(InputControl):
 
 def _eval(task, pipeline, **kwargs):
     model = as_inspect_model(pipeline)
-    kwargs.setdefault("max_connections", model.api.effective_max_batch)
+    kwargs.setdefault("max_connections", model.api.batch_ceiling)
     return inspect_eval(task, model=model, display="none", temperature=0, max_tokens=6, **kwargs)[0]
 
 

@@ -110,7 +110,7 @@ def test_strict_choice_scoring_is_still_available(make_pipeline, tmp_path):
         limit=2,
         max_tokens=4,
         log_dir=str(tmp_path),
-        max_connections=model.api.effective_max_batch,
+        max_connections=model.api.batch_ceiling,
     )[0]
     assert log.status == "success" and [s.name for s in log.results.scores] == ["choice"]
     with pytest.raises(ValueError, match="lenient"):
