@@ -113,7 +113,7 @@ def _metric_rows(selected: pd.DataFrame, key: str) -> pd.DataFrame:
 def runs_frame(
     results_df: pd.DataFrame, metrics: Sequence[str] | str, *, suite: str | None = None, task: str | None = None
 ) -> pd.DataFrame:
-    """One row per (configuration, trial): `RUN_ID_COLUMNS`, then each metric as a column.
+    """One row per run (a configuration's seed and trial): `RUN_ID_COLUMNS`, then each metric as a column.
 
     A metric key with "/" matches `scorer/metric`; a bare key matches the metric column (and must be unique
     across scorers). With several suites or tasks in the results, select one with `suite=` / `task=`.
@@ -126,15 +126,15 @@ def runs_frame(
     merged: pd.DataFrame | None = None
     for key in metrics:
         rows = _metric_rows(selected, key)
-        duplicated = rows.duplicated(["arm", "config_id", "trial_id"], keep=False)
+        duplicated = rows.duplicated(index, keep=False)  # one run: a configuration's (seed, trial_id)
         if duplicated.any():
-            dupes = rows.loc[duplicated, ["arm", "config_id", "trial_id"]].drop_duplicates().values.tolist()
-            raise ValueError(f"Metric {key!r} has several rows for (arm, config_id, trial_id) {dupes}.")
+            dupes = rows.loc[duplicated, index].drop_duplicates().values.tolist()
+            raise ValueError(f"Metric {key!r} has several rows for the run {tuple(index)} {dupes}.")
         part = rows[index + ["value"]].rename(columns={"value": key})
         merged = part if merged is None else merged.merge(part, on=index, how="outer")
     assert merged is not None
     merged = merged[[*RUN_ID_COLUMNS, *metrics]]
-    return merged.sort_values(["arm", "config_id", "trial_id"], kind="stable").reset_index(drop=True)
+    return merged.sort_values(["arm", "config_id", "seed", "trial_id"], kind="stable").reset_index(drop=True)
 
 
 def attach_params(

@@ -134,7 +134,7 @@ def samples_frame(
         if not scores:
             raise ValueError("samples_frame needs at least one score key, e.g. scores=['includes'] (or scores=None).")
     selected = _select(results, suite, task)
-    cells = selected[list(CELL_COLUMNS)].drop_duplicates(["arm", "config_id", "trial_id", "suite", "task"])
+    cells = selected[list(CELL_COLUMNS)].drop_duplicates(["arm", "config_id", "seed", "trial_id", "suite", "task"])
     rows = []
     found: dict[str, None] = {}
     for cell in cells.itertuples(index=False):
@@ -159,7 +159,7 @@ def samples_frame(
     data = {c: pd.Series([row[c] for row in rows]) for c in SAMPLE_ID_COLUMNS}
     data.update({c: _column_values([row.get(c) for row in rows]) for c in columns[len(SAMPLE_ID_COLUMNS) :]})
     frame = pd.DataFrame(data, columns=columns)
-    return _sort_samples(frame, ["arm", "config_id", "trial_id", "sample_id"])
+    return _sort_samples(frame, ["arm", "config_id", "seed", "trial_id", "sample_id"])
 
 
 def task_samples(cells: pd.DataFrame, log_root: str | Path | None, *, include_text: bool = True) -> list[pd.DataFrame]:
@@ -174,7 +174,8 @@ def failed_samples(cells: pd.DataFrame, log_root: str | Path | None) -> pd.DataF
     """One row per sample whose generation or scoring failed in the cells' logs: `SAMPLE_ID_COLUMNS` and `error`
     (the first line of Inspect's error message)."""
     rows = []
-    for cell in cells[list(CELL_COLUMNS)].drop_duplicates(["config_id", "trial_id", "suite", "task"]).itertuples():
+    cells = cells[list(CELL_COLUMNS)].drop_duplicates(["config_id", "seed", "trial_id", "suite", "task"])
+    for cell in cells.itertuples():
         log = _read_eval_log(resolve_log_path(cell.log, log_root))
         for sample in getattr(log, "samples", None) or []:
             error = getattr(sample, "error", None)

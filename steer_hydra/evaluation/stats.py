@@ -172,7 +172,8 @@ def paired_deltas(
         raise KeyError(f"paired_deltas: columns {missing} are missing from the samples frame.")
     base_id = _baseline_config_id(samples, baseline)
     keys = ["arm", "config_id", *group_cols]
-    changed = changed_share(samples, base_id, group_cols) if "completion" in samples else None
+    # the baseline as given: a config_id passed on would be re-read as an arm name first, maybe another arm's
+    changed = changed_share(samples, baseline, group_cols) if "completion" in samples else None
     rows = []
     for metric in scores:
         means = per_sample_means(samples, metric, keys=[*keys, "sample_id"])

@@ -1,10 +1,10 @@
-"""Results frames (results(), runs_frame, summarize_runs, params columns), log reading (samples_frame,
-failed_samples) and paired deltas."""
+"""Results frames (results(), runs_frame, summarize_runs, params columns) and log reading (samples_frame,
+failed_samples, results and cells rebuilt from a save_dir, the configuration records). Paired deltas are
+test_stats.py's."""
 
 from __future__ import annotations
 
 import math
-from statistics import NormalDist
 from types import SimpleNamespace
 
 import numpy as np
@@ -12,19 +12,38 @@ import pandas as pd
 import pytest
 
 import steer_hydra.evaluation.logs as logs_module
-from steer_hydra.evaluation.deltas import paired_deltas
-from steer_hydra.evaluation.frames import RESULT_COLUMNS, cells_frame, results_frame, runs_frame, summarize_runs
-from steer_hydra.evaluation.logs import failed_samples, samples_frame
+from steer_hydra.core.files import write_json
+from steer_hydra.core.identity import derive_trial_seed
+from steer_hydra.evaluation.frames import (
+    CELL_COLUMNS,
+    RESULT_COLUMNS,
+    RUN_ID_COLUMNS,
+    cells_frame,
+    results_frame,
+    runs_frame,
+    summarize_runs,
+)
+from steer_hydra.evaluation.logs import (
+    CONFIGS_DIR,
+    arm_names,
+    cells_from_logs,
+    config_records,
+    failed_samples,
+    results_from_logs,
+    samples_frame,
+)
 from steer_hydra.evaluation.runner import SteeringEval
 from steer_hydra.models import TINY_REF
 
 
-def _record(config_id, trial, seed, metrics, *, suite="cap", task="t/one", log=None, params=None):
+def _record(config_id, trial, trial_seed, metrics, *, seed=7, suite="cap", task="t/one", log=None, params=None):
+    """A run record as `SteeringEval.run()` gives it: `seed` is the launch seed, `trial_seed` the derived one."""
     log = log or f"inspect_logs/{config_id}/trial_{trial}/{suite}/{task.replace('/', '_')}.eval"
     return {
+        "config_id": config_id,
         "trial_id": trial,
         "seed": seed,
-        "config_id": config_id,
+        "trial_seed": trial_seed,
         "params": params or {},
         "suites": {suite: {task: {"metrics": metrics, "n": 3, "log": log}}},
         "provenance": {},
@@ -48,8 +67,11 @@ def test_results_frame_has_one_row_per_metric_key():
     frame = results_frame(RESULTS)
     assert tuple(frame.columns) == RESULT_COLUMNS
     assert len(frame) == 8
-    row = frame[(frame.config == "pasta") & (frame.trial == 1) & (frame.metric == "accuracy")].iloc[0]
-    assert (row.scorer, row.value, row.seed, row.n, row.config_id) == ("includes", 0.8, 22, 3, "abc")
+    assert RESULT_COLUMNS[:5] == RUN_ID_COLUMNS == ("arm", "config_id", "trial_id", "seed", "trial_seed")
+    row = frame[(frame.arm == "pasta") & (frame.trial_id == 1) & (frame.metric == "accuracy")].iloc[0]
+    assert (row.scorer, row.value, row.n, row.config_id) == ("includes", 0.8, 3, "abc")
+    assert (row.seed, row.trial_seed) == (7, 22)
+    assert row.log == "inspect_logs/abc/trial_1/cap/t_one.eval"
 
 
 def test_keys_split_at_the_first_slash():
@@ -94,12 +116,12 @@ def test_runs_frame_metric_keys():
 
 def test_runs_frame_shape_and_order():
     frame = runs_frame(results_frame(RESULTS), ["accuracy", "includes/stderr"])
-    assert list(frame.columns) == ["pipeline", "config_id", "trial_id", "seed", "accuracy", "includes/stderr"]
-    assert frame[["pipeline", "trial_id"]].values.tolist() == [
-        ["baseline", 0],
-        ["baseline", 1],
-        ["pasta", 0],
-        ["pasta", 1],
+    assert list(frame.columns) == ["arm", "config_id", "trial_id", "seed", "trial_seed", "accuracy", "includes/stderr"]
+    assert frame[["arm", "trial_id", "seed", "trial_seed"]].values.tolist() == [
+        ["baseline", 0, 7, 11],
+        ["baseline", 1, 7, 12],
+        ["pasta", 0, 7, 21],
+        ["pasta", 1, 7, 22],
     ]
     assert frame["accuracy"].tolist() == [0.5, 0.7, 0.9, 0.8]
     assert frame["includes/stderr"].tolist() == [0.2, 0.1, 0.05, 0.15]
@@ -154,7 +176,7 @@ def test_samples_frame_attaches_params(finished_eval, monkeypatch):
 def test_summarize_runs():
     runs = pd.DataFrame(
         {
-            "pipeline": ["a", "a", "a", "b"],
+            "arm": ["a", "a", "a", "b"],
             "config_id": ["x", "x", "x", "y"],
             "acc": [0.2, 0.4, 0.9, 0.5],
             "f1": [1.0, 1.0, 1.0, 0.0],
@@ -162,8 +184,9 @@ def test_summarize_runs():
         }
     )
     summary = summarize_runs(runs, ["acc", "f1"], param_cols=("alpha", "absent"))
-    a = summary[summary.pipeline == "a"].iloc[0]
-    b = summary[summary.pipeline == "b"].iloc[0]
+    assert list(summary.columns[:2]) == ["arm", "config_id"] and summary["config_id"].tolist() == ["x", "y"]
+    a = summary[summary.arm == "a"].iloc[0]
+    b = summary[summary.arm == "b"].iloc[0]
     std = float(np.std([0.2, 0.4, 0.9], ddof=1))
     assert a.acc_mean == pytest.approx(0.5) and a.acc_std == pytest.approx(std)
     assert a.acc_sem == pytest.approx(std / math.sqrt(3)) and a.n_trials == 3 and a.alpha == 0.1
@@ -174,7 +197,7 @@ def test_summarize_runs():
 
 
 def test_summarize_runs_keeps_missing_group_keys():
-    runs = pd.DataFrame({"pipeline": ["a", "a"], "config_id": [None, None], "acc": [1.0, 0.0]})
+    runs = pd.DataFrame({"arm": ["a", "a"], "config_id": [None, None], "acc": [1.0, 0.0]})
     summary = summarize_runs(runs, ["acc"])
     assert len(summary) == 1 and summary.acc_mean.iloc[0] == 0.5
 
@@ -225,10 +248,11 @@ def test_samples_frame_rows_columns_and_values(monkeypatch):
         frame, "/r", scores=["inc", "dict/a", "dict/b"], metadata_keys=["kind", "missing"], include_text=True
     )
     assert list(out.columns) == [
-        "pipeline",
+        "arm",
         "config_id",
         "trial_id",
         "seed",
+        "trial_seed",
         "suite",
         "task",
         "sample_id",
@@ -240,13 +264,13 @@ def test_samples_frame_rows_columns_and_values(monkeypatch):
         "input",
         "completion",
     ]
-    assert out[["pipeline", "sample_id"]].values.tolist() == [["baseline", 1], ["baseline", 2], ["pasta", 1]]
+    assert out[["arm", "sample_id"]].values.tolist() == [["baseline", 1], ["baseline", 2], ["pasta", 1]]
     assert out["inc"].tolist() == [1.0, 0.0, 1.0]
     assert out["dict/a"].tolist()[:2] == [1.0, 0.5] and out["dict/a"].iloc[2] is None
     assert out["dict/b"].tolist() == [[1], "x", 0.5]  # lists and other strings raw; P through value_to_float
     assert out["kind"].tolist()[:2] == ["k1", "k2"] and out["missing"].tolist() == [None, None, None]
     assert out["input"].tolist()[:2] == ["q1", "q2"] and out["completion"].tolist()[:2] == ["c1", "c2"]
-    assert out["seed"].tolist() == [11, 11, 21]
+    assert out["trial_seed"].tolist() == [11, 11, 21] and out["seed"].tolist() == [7, 7, 7]
 
 
 def test_samples_come_from_the_cells_so_a_run_without_metrics_gives_its_samples(monkeypatch):
@@ -255,7 +279,7 @@ def test_samples_come_from_the_cells_so_a_run_without_metrics_gives_its_samples(
     assert results_frame(unscored).empty
     out = samples_frame(cells_frame(unscored), "/r", scores=None)
     assert out["sample_id"].tolist() == [1, 2] and out.columns[-1] == "sample_id"  # no score columns
-    assert out["pipeline"].tolist() == ["a", "a"] and out["seed"].tolist() == [5, 5]
+    assert out["arm"].tolist() == ["a", "a"] and out["trial_seed"].tolist() == [5, 5]
 
 
 def test_scores_none_takes_every_scorer_and_a_failed_sample_scores_none(monkeypatch):
@@ -273,7 +297,10 @@ def test_failed_samples_are_listed_with_their_error(monkeypatch):
     failed = SimpleNamespace(**{**vars(_sample(3, {})), "error": SimpleNamespace(message="ValueError: fragile\ntrace")})
     monkeypatch.setattr(logs_module, "_read_eval_log", lambda path: _fake_log([_sample(1, {"x": 1.0}), failed]))
     out = failed_samples(cells_frame({"a": RESULTS["baseline"][:1]}), "/r")
-    assert out[["config", "sample_id", "error"]].values.tolist() == [["a", 3, "ValueError: fragile"]]
+    assert out[["arm", "config_id", "trial_id", "sample_id", "error"]].values.tolist() == [
+        ["a", "baseline", 0, 3, "ValueError: fragile"]
+    ]
+    assert (out["seed"].iloc[0], out["trial_seed"].iloc[0]) == (7, 11)
 
 
 def test_unscored_inspect_run_gives_its_samples_without_score_columns(tmp_path):
@@ -289,7 +316,13 @@ def test_unscored_inspect_run_gives_its_samples_without_score_columns(tmp_path):
         out = suite.run(pipeline, log_dir=tmp_path / "cell", score=False)
     factory.release()
     (task,) = out
-    record = {"config_id": "baseline", "trial_id": 0, "seed": None, "suites": {"s": {task: {**out[task]}}}}
+    record = {
+        "config_id": "baseline",
+        "trial_id": 0,
+        "seed": None,
+        "trial_seed": None,
+        "suites": {"s": {task: out[task]}},
+    }
     assert results_frame({"baseline": [record]}).empty  # no metrics at all
     samples = samples_frame(cells_frame({"baseline": [record]}), tmp_path / "cell", scores=None, include_text=True)
     assert len(samples) == 2 and list(samples.columns[-3:]) == ["sample_id", "input", "completion"]
@@ -308,93 +341,114 @@ def test_samples_frame_score_key_errors(monkeypatch):
         samples_frame(frame, "/r", scores=["n/zz"])
 
 
-# ------------------------------------------------------------------------------------------ paired deltas
-def _samples(rows):
-    return pd.DataFrame(rows, columns=["pipeline", "config_id", "trial_id", "suite", "task", "sample_id", "score"])
+# ------------------------------------------------------------------------------------------ several seeds
+def _two_seeds():
+    """The same configuration and trial run from two launch seeds (two save_dirs, absolute log locations)."""
+    return {
+        "a": [
+            _record("a", 0, 101, {"s/accuracy": 0.25}, seed=1, log="/one/a.eval"),
+            _record("a", 0, 202, {"s/accuracy": 0.75}, seed=2, log="/two/a.eval"),
+        ]
+    }
 
 
-def _arm(pipeline, config_id, scores, trial=0, task="t"):
-    return [(pipeline, config_id, trial, "s", task, i, v) for i, v in enumerate(scores)]
+def test_runs_of_several_seeds_are_separate_rows_and_pool_as_trials():
+    runs = runs_frame(results_frame(_two_seeds()), ["accuracy"])
+    assert runs[["seed", "trial_id", "trial_seed", "accuracy"]].values.tolist() == [
+        [1, 0, 101, 0.25],
+        [2, 0, 202, 0.75],
+    ]
+    summary = summarize_runs(runs, ["accuracy"])
+    assert (summary.accuracy_mean.iloc[0], summary.n_trials.iloc[0]) == (0.5, 2)
+    duplicated = results_frame({"a": [_two_seeds()["a"][0]] * 2})
+    with pytest.raises(ValueError, match="several rows"):
+        runs_frame(duplicated, ["accuracy"])
 
 
-def test_paired_deltas_by_hand_normal_interval():
-    samples = _samples(_arm("baseline", "baseline", [1, 0, 1, 0]) + _arm("arm", "a1", [1, 1, 1, 0]))
-    out = paired_deltas(samples, "score", method="normal")
-    row = out.iloc[0]
-    # differences 0, 1, 0, 0: mean 0.25, sd 0.5, se 0.25
-    z = NormalDist().inv_cdf(0.975)
-    assert (row.pipeline, row.config_id, row.suite, row.task, row.metric, row.n) == ("arm", "a1", "s", "t", "score", 4)
-    assert (row.baseline_mean, row.arm_mean, row.delta, row.se) == pytest.approx((0.5, 0.75, 0.25, 0.25))
-    assert (row.ci_low, row.ci_high) == pytest.approx((0.25 - z * 0.25, 0.25 + z * 0.25))
+def test_samples_and_failures_of_several_seeds_are_all_read(monkeypatch):
+    failed = SimpleNamespace(**{**vars(_sample(2, {})), "error": SimpleNamespace(message="boom")})
+    logs = {
+        "/one/a.eval": _fake_log([_sample(1, {"s": 0.0}), failed]),
+        "/two/a.eval": _fake_log([_sample(1, {"s": 1.0})]),
+    }
+    monkeypatch.setattr(logs_module, "_read_eval_log", lambda path: logs[path])
+    cells = cells_frame(_two_seeds())
+    out = samples_frame(cells, "/r", scores=["s"])
+    assert out[["seed", "trial_seed", "sample_id"]].values.tolist() == [[1, 101, 1], [1, 101, 2], [2, 202, 1]]
+    assert out["s"].tolist() == [0.0, None, 1.0]
+    assert failed_samples(cells, "/r")[["seed", "sample_id", "error"]].values.tolist() == [[1, 2, "boom"]]
+    failed_too = {**logs, "/two/a.eval": _fake_log([failed])}
+    monkeypatch.setattr(logs_module, "_read_eval_log", lambda path: failed_too[path])
+    assert failed_samples(cells, "/r")[["seed", "trial_seed"]].values.tolist() == [[1, 101], [2, 202]]
 
 
-def test_paired_deltas_by_hand_bootstrap_interval():
-    # two pairs with differences 0 and 1: resampled means are 0, 0.5, 1 with probability 1/4, 1/2, 1/4,
-    # so the 95% percentile interval is [0, 1]; a constant difference gives a degenerate interval
-    samples = _samples(_arm("baseline", "baseline", [0, 0]) + _arm("arm", "a1", [0, 1]) + _arm("flat", "f1", [1, 1]))
-    out = paired_deltas(samples, "score", seed=7).set_index("pipeline")
-    assert (out.loc["arm", "delta"], out.loc["arm", "ci_low"], out.loc["arm", "ci_high"]) == (0.5, 0.0, 1.0)
-    assert (out.loc["flat", "delta"], out.loc["flat", "ci_low"], out.loc["flat", "ci_high"]) == (1.0, 1.0, 1.0)
-    assert (out["method"] == "bootstrap").all()
+# ------------------------------------------------------------------------------------------ a save_dir's logs
+@pytest.fixture(scope="module")
+def save_dir(tmp_path_factory):
+    """A save_dir with real Inspect logs (mockllm) for two configurations, the second with two trials, and the
+    configuration record of the second."""
+    from inspect_ai import Task
+    from inspect_ai import eval as inspect_eval
+    from inspect_ai.dataset import Sample
+    from inspect_ai.model import ModelOutput, ModelUsage, get_model
+    from inspect_ai.scorer import includes
+
+    def answer(*args):  # with its usage, so mockllm counts no tokens (that would download a tokenizer)
+        output = ModelOutput.from_content(model="mockllm", content="the answer is mockllm")
+        output.usage = ModelUsage(input_tokens=1, output_tokens=4, total_tokens=5)
+        return output
+
+    save = tmp_path_factory.mktemp("save")
+    task = Task(dataset=[Sample(input="q", target="mockllm", id="x")], scorer=includes(), name="t")
+    for config_id, trial in (("baseline", 0), ("abc123def456", 0), ("abc123def456", 1)):
+        log_dir = save / "inspect_logs" / config_id / f"trial_{trial}" / "cap"
+        model = get_model("mockllm/model", custom_outputs=answer)
+        (log,) = inspect_eval(task, model=model, log_dir=str(log_dir), display="none")
+        assert log.status == "success", log.error
+    record = {"config_id": "abc123def456", "arm": "pasta", "arm_name": "pasta", "controls": []}
+    write_json(save / CONFIGS_DIR / "abc123def456.json", record)
+    return save
 
 
-def test_bootstrap_is_seeded_and_independent_of_other_arms():
-    rng = np.random.default_rng(0)
-    base = rng.random(30).round(2).tolist()
-    arm = (np.array(base) + rng.normal(0.1, 0.2, 30)).round(2).tolist()
-    one = _samples(_arm("baseline", "baseline", base) + _arm("arm", "a1", arm))
-    two = _samples(_arm("baseline", "baseline", base) + _arm("arm", "a1", arm) + _arm("zz", "z", base[::-1]))
-    first = paired_deltas(one, "score", seed=3).iloc[0]
-    again = paired_deltas(two, "score", seed=3).set_index("pipeline").loc["arm"]
-    assert (first.ci_low, first.ci_high) == (again.ci_low, again.ci_high)
-    other = paired_deltas(one, "score", seed=4).iloc[0]
-    assert (first.ci_low, first.ci_high) != (other.ci_low, other.ci_high)
-    assert first.ci_low < first.delta < first.ci_high
+def test_config_records_and_arm_names(save_dir, tmp_path):
+    assert config_records(save_dir) == {
+        "abc123def456": {"config_id": "abc123def456", "arm": "pasta", "arm_name": "pasta", "controls": []}
+    }
+    assert arm_names(save_dir) == {"abc123def456": "pasta"}
+    assert arm_names(tmp_path) == {} and config_records(tmp_path) == {}
 
 
-def test_trials_are_averaged_per_sample_before_pairing():
-    samples = _samples(
-        _arm("baseline", "baseline", [1, 0, 0])
-        + _arm("baseline", "baseline", [1, 0, 1], trial=1)
-        + _arm("arm", "a1", [1, 1, 1])
-        + _arm("arm", "a1", [0, 1, 1], trial=1)
-    )
-    row = paired_deltas(samples, "score", method="normal").iloc[0]
-    # per-sample means: baseline 1, 0, .5; arm .5, 1, 1; differences -.5, 1, .5
-    assert row.n == 3 and (row.n_trials, row.n_trials_baseline) == (2, 2)
-    assert row.delta == pytest.approx(1 / 3)
-    assert row.se == pytest.approx(np.std([-0.5, 1, 0.5], ddof=1) / math.sqrt(3))
+def test_results_from_logs_name_arms_and_derive_trial_seeds(save_dir):
+    frame = results_from_logs(save_dir, seed=5)
+    assert tuple(frame.columns) == RESULT_COLUMNS
+    accuracy = frame[frame.metric == "accuracy"]
+    columns = ["arm", "config_id", "trial_id", "seed", "suite", "task", "scorer", "value", "n"]
+    assert accuracy[columns].values.tolist() == [
+        ["pasta", "abc123def456", 0, 5, "cap", "t", "includes", 1.0, 1],
+        ["pasta", "abc123def456", 1, 5, "cap", "t", "includes", 1.0, 1],
+        ["baseline", "baseline", 0, 5, "cap", "t", "includes", 1.0, 1],  # no record: the config_id names the arm
+    ]
+    assert accuracy["trial_seed"].tolist() == [
+        derive_trial_seed(5, "abc123def456", 0),
+        derive_trial_seed(5, "abc123def456", 1),
+        derive_trial_seed(5, "baseline", 0),
+    ]
+    logs = accuracy["log"].tolist()
+    assert logs[1].startswith("inspect_logs/abc123def456/trial_1/cap/") and logs[1].endswith(".eval")
+    unseeded = results_from_logs(save_dir, {"baseline": "ref"}, config_ids=["baseline"])
+    assert unseeded[["arm", "seed", "trial_seed"]].drop_duplicates().values.tolist() == [["ref", None, None]]
 
 
-def test_only_samples_both_arms_hold_are_paired_per_task():
-    samples = _samples(
-        _arm("baseline", "baseline", [1, 0, 1, 1])
-        + _arm("arm", "a1", [0, 0, 1])  # lacks sample 3
-        + _arm("baseline", "baseline", [0, 0], task="u")
-        + _arm("arm", "a1", [1, 1], task="u")
-    )
-    out = paired_deltas(samples, "score").set_index("task")
-    assert out.loc["t", "n"] == 3 and out.loc["t", "delta"] == pytest.approx(-1 / 3)
-    assert out.loc["u", "n"] == 2 and out.loc["u", "delta"] == 1.0
-
-
-def test_paired_deltas_with_one_pair_has_no_interval_and_letters_are_scores():
-    samples = _samples(_arm("baseline", "baseline", ["I"]) + _arm("arm", "a1", ["C"]))
-    row = paired_deltas(samples, "score").iloc[0]
-    assert row.delta == 1.0 and row.n == 1 and math.isnan(row.ci_low) and math.isnan(row.ci_high)
-
-
-def test_paired_deltas_errors():
-    samples = _samples(_arm("baseline", "baseline", [1]) + _arm("arm", "a1", [0]))
-    with pytest.raises(ValueError, match="matches no pipeline"):
-        paired_deltas(samples, "score", baseline="ref")
-    with pytest.raises(ValueError, match="method"):
-        paired_deltas(samples, "score", method="t")
-    with pytest.raises(KeyError, match="missing"):
-        paired_deltas(samples, "nope")
-    bad = _samples(_arm("baseline", "baseline", [[1]]) + _arm("arm", "a1", [0]))
-    with pytest.raises(TypeError, match="non-numeric"):
-        paired_deltas(bad, "score")
-    two_bases = _samples(_arm("baseline", "b1", [1]) + _arm("baseline", "b2", [1]) + _arm("arm", "a1", [0]))
-    with pytest.raises(ValueError, match="several configurations"):
-        paired_deltas(two_bases, "score")
+def test_cells_from_logs_give_the_samples(save_dir):
+    cells = cells_from_logs(save_dir, seed=5, config_ids=["abc123def456"])
+    assert tuple(cells.columns) == CELL_COLUMNS
+    assert cells[["arm", "trial_id", "seed", "suite", "task"]].values.tolist() == [
+        ["pasta", 0, 5, "cap", "t"],
+        ["pasta", 1, 5, "cap", "t"],
+    ]
+    samples = samples_frame(cells, save_dir, scores=None, include_text=True)
+    assert samples[["arm", "trial_id", "trial_seed", "sample_id", "includes"]].values.tolist() == [
+        ["pasta", 0, derive_trial_seed(5, "abc123def456", 0), "x", 1.0],
+        ["pasta", 1, derive_trial_seed(5, "abc123def456", 1), "x", 1.0],
+    ]
+    assert samples["completion"].str.contains("mockllm").all()

@@ -17,13 +17,14 @@ import pytest
 
 from steer_hydra.controls.input import SystemPrompt
 from steer_hydra.core import ModelSource
+from steer_hydra.core.identity import derive_trial_seed
 from steer_hydra.core.pipeline import SteeringPipeline
 from steer_hydra.evaluation import plotting
-from steer_hydra.evaluation.deltas import paired_deltas
 from steer_hydra.evaluation.frames import summarize_runs
 from steer_hydra.evaluation.logs import results_from_logs
 from steer_hydra.evaluation.provider import ProviderOptions
 from steer_hydra.evaluation.runner import SteeringEval
+from steer_hydra.evaluation.stats import paired_deltas
 from steer_hydra.evaluation.suite import InspectSuite
 from steer_hydra.models import TINY_REF
 from steer_hydra.tasks import smoke_suite
@@ -233,11 +234,14 @@ def test_two_configs_two_trials_smoke_frames_and_plots(smoke_study, tmp_path):
     assert results["n"].unique().tolist() == [smoke_suite().limit]
 
     runs = ev.runs_frame(["accuracy"], task="steer_hydra/mcqa")
-    assert runs[["pipeline", "trial_id"]].values.tolist() == [
-        ["baseline", 0],
-        ["baseline", 1],
-        ["brief", 0],
-        ["brief", 1],
+    assert runs[["arm", "trial_id", "seed"]].values.tolist() == [
+        ["baseline", 0, 0],
+        ["baseline", 1, 0],
+        ["brief", 0, 0],
+        ["brief", 1, 0],
+    ]
+    assert runs["trial_seed"].tolist() == [
+        derive_trial_seed(0, c, t) for c, t in runs[["config_id", "trial_id"]].values
     ]
     summary = summarize_runs(runs, ["accuracy"])
     assert summary["n_trials"].tolist() == [2, 2]
@@ -248,18 +252,19 @@ def test_two_configs_two_trials_smoke_frames_and_plots(smoke_study, tmp_path):
     assert len(samples) == 2 * 2 * smoke_suite().limit
     assert samples["completion"].map(lambda c: isinstance(c, str)).all()
     deltas = paired_deltas(samples, "instruction_checker")
-    assert deltas[["pipeline", "n", "n_trials", "n_trials_baseline"]].values.tolist() == [
+    assert deltas[["arm", "n", "n_trials", "n_trials_baseline"]].values.tolist() == [
         ["brief", smoke_suite().limit, 2, 2]
     ]
     assert deltas["ci_low"].iloc[0] <= deltas["delta"].iloc[0] <= deltas["ci_high"].iloc[0]
+    assert 0.0 <= deltas["changed"].iloc[0] <= 1.0  # the completions are there: the changed share is known
 
     # the record on disk alone gives the same results frame (success logs only)
-    names = {"baseline": "baseline", results.loc[results.config == "brief", "config_id"].iloc[0]: "brief"}
-    rebuilt = results_from_logs(smoke_study["save"], names)
-    key = ["config", "trial", "task", "scorer", "metric"]
-    assert rebuilt.sort_values(key)[[*key, "value", "n", "log"]].values.tolist() == (
-        results.sort_values(key)[[*key, "value", "n", "log"]].values.tolist()
-    )
+    # (the save_dir holds no configuration records, written by the app's jobs: the arms are named here)
+    names = {"baseline": "baseline", results.loc[results.arm == "brief", "config_id"].iloc[0]: "brief"}
+    rebuilt = results_from_logs(smoke_study["save"], names, seed=0)
+    key = ["arm", "config_id", "trial_id", "task", "scorer", "metric"]
+    compared = [*key, "seed", "trial_seed", "value", "n", "log"]
+    assert rebuilt.sort_values(key)[compared].values.tolist() == results.sort_values(key)[compared].values.tolist()
 
     import matplotlib
 
@@ -267,14 +272,14 @@ def test_two_configs_two_trials_smoke_frames_and_plots(smoke_study, tmp_path):
     plotting.plot_metric_by_config(
         summary,
         "accuracy",
-        x_col="pipeline",
+        x_col="arm",
         baseline_value=summary.accuracy_mean[0],
         save_path=tmp_path / "by_config.png",
     )
     plotting.plot_paired_deltas(deltas, save_path=tmp_path / "deltas.png")
     capability = summarize_runs(ev.runs_frame(["accuracy"], task="steer_hydra/short_answer"), ["accuracy"])
     target = summarize_runs(ev.runs_frame(["accuracy"], task="steer_hydra/instruction_following"), ["accuracy"])
-    tradeoff = capability.merge(target, on=["pipeline", "config_id"], suffixes=("", "_t")).rename(
+    tradeoff = capability.merge(target, on=["arm", "config_id"], suffixes=("", "_t")).rename(
         columns={
             "accuracy_mean": "capability_mean",
             "accuracy_std": "capability_std",
@@ -283,7 +288,7 @@ def test_two_configs_two_trials_smoke_frames_and_plots(smoke_study, tmp_path):
         }
     )
     plotting.plot_tradeoff_scatter(
-        tradeoff, "capability", "target", label_col="pipeline", show_pareto=True, save_path=tmp_path / "tradeoff.png"
+        tradeoff, "capability", "target", label_col="arm", show_pareto=True, save_path=tmp_path / "tradeoff.png"
     )
     for name in ("by_config", "deltas", "tradeoff"):
         assert (tmp_path / f"{name}.png").stat().st_size > 0

@@ -63,6 +63,7 @@ class FakeSuite:
                 model_name=model_name,
                 generate_defaults=generate_defaults,
                 display=display,
+                labels=labels,
             )
         )
         self.events.append(("run", self.name, model_name, trial_seed))
@@ -234,21 +235,30 @@ def test_loop_nesting_seeds_log_dirs_and_forwarded_arguments(fake_factory, tmp_p
     assert cap.calls[1].log_dir == save / "inspect_logs" / "baseline" / "trial_1" / "capability"
     assert all(c.options is options and c.generate_defaults == {"temperature": 0} for c in cap.calls + tgt.calls)
     assert all(c.display == "none" for c in cap.calls)  # 109: the default display is forwarded
+    # the log labels name the arm, its config_id and the trial_id
+    assert cap.calls[3].labels["tags"] == ["sys", sys_id]
+    metadata = cap.calls[3].labels["metadata"]
+    assert (metadata["arm"], metadata["config_id"], metadata["trial_id"]) == ("sys", sys_id, 1)
+    assert "trial" not in metadata
     assert results["baseline"][1]["suites"]["capability"]["one"]["log"] == (
         "inspect_logs/baseline/trial_1/capability/one.eval"
     )
-    # 105: first 4 bytes, big-endian, of sha256("base:config:trial"); 2 configs x 2 trials: 4 distinct seeds
-    seeds = [r["seed"] for name in results for r in results[name]]
-    assert len(set(seeds)) == 4
+    # 105: first 4 bytes, big-endian, of sha256("seed:config_id:trial_id"); 2 configs x 2 trials: 4 distinct trial
+    # seeds, each handed to its suites; every record keeps the launch seed
+    trial_seeds = [r["trial_seed"] for name in results for r in results[name]]
+    assert len(set(trial_seeds)) == 4
+    assert [c.trial_seed for c in cap.calls] == trial_seeds
     digest = hashlib.sha256(f"5:{sys_id}:1".encode()).digest()
-    assert results["sys"][1]["seed"] == int.from_bytes(digest[:4], "big")
+    assert results["sys"][1]["trial_seed"] == int.from_bytes(digest[:4], "big")
+    assert [r["seed"] for name in results for r in results[name]] == [5, 5, 5, 5]
+    assert [(r["config_id"], r["trial_id"]) for r in results["sys"]] == [(sys_id, 0), (sys_id, 1)]
 
 
 def test_unseeded_runs_pass_no_seed(fake_factory, tmp_path):
     suite = FakeSuite()
     results = _eval(tmp_path, suites=[suite], num_trials=2).run()
     assert [c.trial_seed for c in suite.calls] == [None, None]
-    assert [r["seed"] for r in results["baseline"]] == [None, None]
+    assert [(r["seed"], r["trial_seed"]) for r in results["baseline"]] == [(None, None), (None, None)]
 
 
 def test_display_is_forwarded(fake_factory, tmp_path):
@@ -269,7 +279,8 @@ def test_config_ids_and_run_records(fake_factory, tmp_path):
     ids = [r["config_id"] for r in results["fixed"] + results["sweep"]]
     assert all(re.fullmatch(r"[0-9a-f]{12}", i) for i in ids) and len(set(ids)) == 3
     record = results["sweep"][1]
-    assert set(record) == {"trial_id", "seed", "config_id", "params", "suites", "provenance"}
+    assert set(record) == {"config_id", "trial_id", "seed", "trial_seed", "params", "suites", "provenance"}
+    assert (record["seed"], record["trial_seed"]) == (1, derive_trial_seed(1, record["config_id"], 0))
     assert results["baseline"][0]["params"] == {} and results["fixed"][0]["params"] == {}
     assert record["params"] == {"sp": {"mode": "append", "text": "b"}}
     assert record["suites"]["capability"]["one"]["metrics"] == {"acc/accuracy": 0.5, "acc/stderr": 0.1}
@@ -283,14 +294,12 @@ def test_config_ids_and_run_records(fake_factory, tmp_path):
         "shared_base_fingerprint",
         "recorded_utc",
         "model_fingerprint",
-        "base_seed",
-        "trial_seed",
     ):
         assert key in prov
+    assert not {"base_seed", "seed", "trial_seed"} & set(prov)  # the record holds the seeds, once
     assert prov["toolkit_version"] and prov["inspect_ai_version"]
     assert prov["backend"] == "huggingface" and prov["prompt_path"] == "messages"
     assert prov["shared_base_fingerprint"] == "f" * 16
-    assert (prov["base_seed"], prov["trial_seed"]) == (1, record["seed"])
     assert datetime.fromisoformat(prov["recorded_utc"]).utcoffset().total_seconds() == 0
     assert prov["effective_max_batch"] == 8 and prov["declared_runtime_kwargs"] == {}
     assert prov["steering_vector_hashes"] == {}
