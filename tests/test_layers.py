@@ -1,4 +1,6 @@
-"""The package's layering, read from its imports: `app > tasks > evaluation > {controls, backends} > core`.
+"""The package's layering, read from its imports: `plugins > app > study > tasks > evaluation > {controls, backends}
+> core`, where `plugins` is the Hydra plugin package `hydra_plugins/` beside `steer_hydra/` (Hydra imports it; nothing
+in `steer_hydra` may).
 
 Every `import` and `from ... import` in `steer_hydra/` (module level and inside functions) is parsed with `ast`,
 and so is every string that names a module (`"steer_hydra.backends.huggingface:HFBackend"`, what `importlib`
@@ -27,10 +29,14 @@ ALLOWED: dict[str, frozenset[str]] = {
     "backends": frozenset({"core", "models"}),
     "evaluation": frozenset({"core"}),
     "tasks": frozenset({"evaluation", "core"}),
-    "app": frozenset({"tasks", "evaluation", "controls", "backends", "core", "models", "conf"}),
+    "study": frozenset({"tasks", "evaluation", "core"}),
+    "app": frozenset({"study", "tasks", "evaluation", "controls", "backends", "core", "models", "conf"}),
     "conf": frozenset(),
     "testing": frozenset({"tasks", "evaluation", "controls", "backends", "core", "models"}),
 }
+PLUGINS = "hydra_plugins"  # the Hydra plugin package: the top layer, importing the app and the study
+ALLOWED[PLUGINS] = frozenset({"app", "study", "tasks", "evaluation", "controls", "backends", "core", "models", "conf"})
+PLUGINS_ROOT = ROOT.parent / PLUGINS
 # modules at the package root belong to the app layer (entry points, the package's own re-exports)
 TOP_LEVEL_LAYER = "app"
 # (file relative to the package root, layer it may name as a string): the documented by-name seams
@@ -40,12 +46,14 @@ _DOTTED = re.compile(rf"^{PACKAGE}(\.\w+)+(:\w+)?$")
 
 
 def layer_of(path: Path, root: Path) -> str:
+    if root.name == PLUGINS:
+        return PLUGINS
     parts = path.relative_to(root).parts
     return parts[0] if len(parts) > 1 else TOP_LEVEL_LAYER
 
 
 def _package_of(path: Path, root: Path) -> list[str]:
-    return [PACKAGE, *path.relative_to(root).parent.parts]
+    return [root.name, *path.relative_to(root).parent.parts]
 
 
 def imported_names(path: Path, root: Path) -> list[tuple[int, str, bool]]:
@@ -71,16 +79,21 @@ def imported_names(path: Path, root: Path) -> list[tuple[int, str, bool]]:
 
 
 def upward_edges(root: Path) -> list[str]:
-    """Every import in the tree under `root` (a `steer_hydra` package folder) that breaks `ALLOWED`."""
+    """Every import in the tree under `root` (a `steer_hydra` package folder, or the `hydra_plugins` folder beside
+    it) that breaks `ALLOWED`."""
     problems = []
+    package_root = root if root.name == PACKAGE else root.parent / PACKAGE
     for path in sorted(root.rglob("*.py")):
         source = layer_of(path, root)
         for line, module, by_string in imported_names(path, root):
             parts = module.split(".")
-            if parts[0] != PACKAGE or len(parts) < 2:
+            if parts[0] == PLUGINS:
+                target = PLUGINS
+            elif parts[0] != PACKAGE or len(parts) < 2:
                 continue
-            top_module = (root / f"{parts[1]}.py").exists()
-            target = parts[1] if parts[1] in ALLOWED else (TOP_LEVEL_LAYER if top_module else "")
+            else:
+                top_module = (package_root / f"{parts[1]}.py").exists()
+                target = parts[1] if parts[1] in ALLOWED else (TOP_LEVEL_LAYER if top_module else "")
             if not target or target == source or target in ALLOWED[source]:
                 continue
             if by_string and (path.relative_to(root).as_posix(), target) in SEAMS:
@@ -101,6 +114,12 @@ def test_every_subpackage_has_a_layer():
 
 def test_no_import_points_up_a_layer():
     assert upward_edges(ROOT) == []
+
+
+def test_the_hydra_plugins_import_down_only_and_nothing_imports_them():
+    assert sorted(PLUGINS_ROOT.rglob("*.py")), "the study sweeper plugin is where the test looks"
+    assert upward_edges(PLUGINS_ROOT) == []
+    assert not [p for p in upward_edges(ROOT) if PLUGINS in p]
 
 
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
@@ -128,6 +147,9 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
         ({"core/y.py": "KINDS = {'x': 'steer_hydra.backends.x:X'}\n"}, ["core/y.py:1: core names by string"]),
         ({"backends/b.py": "from steer_hydra.testing.loopback import Server\n"}, ["backends/b.py:1: backends"]),
         ({"tasks/t.py": "from steer_hydra.main import main\n"}, ["tasks/t.py:1: tasks imports steer_hydra.main (app)"]),
+        # the app reaching into the Hydra plugin package (how callbacks once read the sweeper's file name)
+        ({"app/c.py": "from hydra_plugins.s.sweeper import NAME\n"}, ["app/c.py:1: app imports hydra_plugins.s"]),
+        ({"study/r.py": "from steer_hydra.app.plan import to_plain\n"}, ["study/r.py:1: study imports"]),
     ],
 )
 def test_the_checker_flags_an_upward_import(tmp_path, files, flagged):

@@ -2,9 +2,9 @@
 
 One row per (model, suite, task, scorer, metric, arm): the arm's value (mean over its trials and seeds), the
 scorer's stderr, `n` samples, and for every arm but the baseline the paired delta vs the baseline with its 95% CI
-and the share of paired samples whose completion changed. The rows come from the results frame (the logs'
-metrics) and the paired-deltas frame (`analysis.deltas_for`); `delta_rows` is the one place a delta's score
-column is matched to the metric it moves, so the table and the W&B keys (`tracking.wandb_key`) agree.
+and the changed share (`evaluation.stats`). The rows come from the results frame (the logs' metrics) and the
+paired-deltas frame (`results.compare`); `delta_rows` is the one place a delta's score column is matched to the
+metric it moves, so the table and the W&B keys (`tracking.wandb_key`) agree.
 """
 
 from __future__ import annotations
@@ -37,49 +37,6 @@ TABLE_COLUMNS = (
     "ci_high",
     "changed",
 )
-
-
-def changed_share(frames: Sequence[pd.DataFrame], baseline_config_id: str) -> pd.DataFrame:
-    """Per (config_id, suite, task): the share of samples whose completion differs from the baseline's.
-
-    `frames` are samples frames with a `completion` column (`task_samples(..., include_text=True)`). Samples are
-    paired on (sample_id, trial_id), or on sample_id alone (first trial of each side) when no trial matches.
-    """
-    rows = []
-    for frame in frames:
-        if frame.empty or "completion" not in frame.columns:
-            continue
-        base = frame.loc[frame["config_id"] == baseline_config_id, ["sample_id", "trial_id", "completion"]]
-        if base.empty:
-            continue
-        for config_id, arm in frame[frame["config_id"] != baseline_config_id].groupby("config_id", sort=True):
-            paired = arm.merge(base, on=["sample_id", "trial_id"], suffixes=("", "_base"))
-            if paired.empty:
-                paired = arm.drop_duplicates("sample_id").merge(
-                    base.drop_duplicates("sample_id").drop(columns="trial_id"), on="sample_id", suffixes=("", "_base")
-                )
-            n = len(paired)
-            share = float((paired["completion"] != paired["completion_base"]).mean()) if n else math.nan
-            rows.append(
-                {
-                    "config_id": config_id,
-                    "suite": frame["suite"].iloc[0],
-                    "task": frame["task"].iloc[0],
-                    "changed": share,
-                    "n_changed": n,
-                }
-            )
-    return pd.DataFrame(rows, columns=["config_id", "suite", "task", "changed", "n_changed"])
-
-
-def with_changed(deltas: pd.DataFrame, changed: pd.DataFrame) -> pd.DataFrame:
-    """`deltas` with a `changed` column (share of paired samples with another completion; NaN when unknown)."""
-    if deltas.empty:
-        return deltas
-    out = deltas.drop(columns=["changed"], errors="ignore")
-    if changed.empty:
-        return out.assign(changed=math.nan)
-    return out.merge(changed[["config_id", "suite", "task", "changed"]], on=["config_id", "suite", "task"], how="left")
 
 
 def _headline_metric(metrics: Sequence[str]) -> str | None:
@@ -119,7 +76,7 @@ def delta_rows(deltas: pd.DataFrame, results: pd.DataFrame) -> pd.DataFrame:
                 "task": row["task"],
                 "scorer": scorer,
                 "metric": metric,
-                "arm": row.get("arm", row.get("pipeline")),
+                "arm": row["arm"],
                 "config_id": row["config_id"],
                 "delta": row["delta"],
                 "ci_low": row["ci_low"],
@@ -136,7 +93,7 @@ def results_table(results: pd.DataFrame, deltas: pd.DataFrame, baseline_config_i
 
     `results`: a results frame in the app's columns (`arm`, `config_id`, `suite`, `task`, `scorer`, `metric`,
     `value`, `n`), possibly several trials or seeds per arm (averaged; `runs` counts them). `deltas`: paired deltas
-    (`analysis.deltas_for`, optionally `with_changed`).
+    (`evaluation.stats.paired_deltas`).
     """
     keys = (["model"] if "model" in results.columns else []) + ["suite", "task", "scorer"]
     columns = [c for c in TABLE_COLUMNS if c != "model" or "model" in keys]

@@ -282,7 +282,11 @@ def plot_comparison(results: pd.DataFrame, deltas: pd.DataFrame, out_dir: Path) 
         paths["paired_deltas"] = out_dir / "paired_deltas.png"
         title = "paired delta vs baseline" + (f" · {context}" if context else "")
         plot_paired_deltas(deltas, label_col="arm", title=title, save_path=paths["paired_deltas"])
+    _close_figures()
+    return paths
+
+
+def _close_figures() -> None:
     import matplotlib.pyplot as plt
 
     plt.close("all")
-    return paths

@@ -68,15 +68,15 @@ def _min_span(ax: Any, values: np.ndarray, *, span: float) -> None:
         ax.set_xlim(middle - span / 2 - 0.05 * span, middle + span / 2 + 0.05 * span)
 
 
-def _check_compare(compare_to_pipelines: Sequence[tuple[str, pd.DataFrame]] | None) -> list[tuple[str, pd.DataFrame]]:
+def _check_compare(compare_to_arms: Sequence[tuple[str, pd.DataFrame]] | None) -> list[tuple[str, pd.DataFrame]]:
     checked = []
-    for entry in compare_to_pipelines or []:
+    for entry in compare_to_arms or []:
         if not (isinstance(entry, (tuple, list)) and len(entry) == 2):
-            raise ValueError(f"compare_to_pipelines entries must be (label, frame) pairs; got {entry!r}.")
+            raise ValueError(f"compare_to_arms entries must be (label, frame) pairs; got {entry!r}.")
         label, frame = entry
         if "config_id" in frame.columns and frame["config_id"].nunique() > 1:
             raise ValueError(
-                f"compare_to_pipelines[{label!r}] holds {frame['config_id'].nunique()} configurations; pass a frame "
+                f"compare_to_arms[{label!r}] holds {frame['config_id'].nunique()} configurations; pass a frame "
                 "of exactly one configuration (e.g. the baseline's summary row)."
             )
         checked.append((str(label), frame))
@@ -195,7 +195,7 @@ def plot_metric_by_config(
 def plot_paired_deltas(
     deltas: pd.DataFrame,
     *,
-    label_col: str = "pipeline",
+    label_col: str = "arm",
     group_cols: Sequence[str] = ("task", "metric"),
     title: str | None = None,
     ax: Any = None,
@@ -246,7 +246,7 @@ def plot_tradeoff_scatter(
     color_col: str | None = None,
     label_col: str | None = None,
     label_points: str = "all",
-    compare_to_pipelines: Sequence[tuple[str, pd.DataFrame]] | None = None,
+    compare_to_arms: Sequence[tuple[str, pd.DataFrame]] | None = None,
     per_trial_data: pd.DataFrame | None = None,
     show_pareto: bool = False,
     maximize_x: bool = True,
@@ -260,12 +260,12 @@ def plot_tradeoff_scatter(
 
     `group_col` colours points by group (in `group_order`); `color_col` colours them on a continuous scale
     instead; `label_col` annotates every point (`label_points="all"`) or only frontier points ("frontier");
-    `compare_to_pipelines` adds reference configurations as stars; `per_trial_data` adds faint per-trial points;
+    `compare_to_arms` adds reference configurations as stars; `per_trial_data` adds faint per-trial points;
     `show_pareto` draws the frontier. `fill=False` draws hollow markers.
     """
     if label_points not in ("all", "frontier"):
         raise ValueError(f"label_points must be 'all' or 'frontier'; got {label_points!r}.")
-    compare = _check_compare(compare_to_pipelines)
+    compare = _check_compare(compare_to_arms)
     ax = _axes(ax)
     xm, ym = _mean_col(summary, x_metric), _mean_col(summary, y_metric)
     x = _column(summary, xm, "plot_tradeoff_scatter").to_numpy(dtype=float)
@@ -316,7 +316,7 @@ def _finish_tradeoff(
     *,
     color_offset: int,
 ) -> Any:
-    """Star each comparison pipeline, label the axes, add a legend when there is one, save."""
+    """Star each comparison arm, label the axes, add a legend when there is one, save."""
     for i, (label, frame) in enumerate(compare):
         cx = float(frame[_mean_col(frame, x_metric)].iloc[0])
         cy = float(frame[_mean_col(frame, y_metric)].iloc[0])
@@ -342,7 +342,7 @@ def plot_tradeoff(
     y_metric: str,
     sweep_col: str,
     *,
-    compare_to_pipelines: Sequence[tuple[str, pd.DataFrame]] | None = None,
+    compare_to_arms: Sequence[tuple[str, pd.DataFrame]] | None = None,
     cmap: str = "magma",
     show_pareto: bool = True,
     maximize_x: bool = True,
@@ -352,7 +352,7 @@ def plot_tradeoff(
     save_path: str | Path | None = None,
 ) -> Any:
     """Trade-off of a one-parameter sweep: points coloured by the swept value, joined in sweep order."""
-    compare = _check_compare(compare_to_pipelines)
+    compare = _check_compare(compare_to_arms)
     ax = _axes(ax)
     ordered = swept.sort_values(sweep_col, kind="stable")
     x = ordered[_mean_col(ordered, x_metric)].to_numpy(dtype=float)
@@ -373,7 +373,7 @@ def plot_sensitivity(
     swept: pd.DataFrame,
     metric: str,
     sweep_col: str,
-    compare_to_pipelines: Sequence[tuple[str, pd.DataFrame]] | None = None,
+    compare_to_arms: Sequence[tuple[str, pd.DataFrame]] | None = None,
     per_trial_data: pd.DataFrame | None = None,
     *,
     ylabel: str | None = None,
@@ -381,7 +381,7 @@ def plot_sensitivity(
     save_path: str | Path | None = None,
 ) -> Any:
     """`metric` against the swept parameter (mean line, +/- std band), with reference configurations as lines."""
-    compare = _check_compare(compare_to_pipelines)
+    compare = _check_compare(compare_to_arms)
     ax = _axes(ax)
     ordered = swept.sort_values(sweep_col, kind="stable")
     sweep = pd.to_numeric(_column(ordered, sweep_col, "plot_sensitivity"), errors="coerce").to_numpy(dtype=float)
@@ -410,23 +410,23 @@ def create_tradeoff_figure(
     x_metric: str,
     y_metric: str,
     sweep_col: str,
-    baseline_pipeline: str = "baseline",
+    baseline_arm: str = "baseline",
     figsize: tuple[float, float] = (12, 4),
     *,
     save_path: str | Path | None = None,
 ) -> Any:
     """Three panels: x sensitivity, y sensitivity and the trade-off, with the baseline as the reference.
 
-    Rows with `pipeline == baseline_pipeline` are the reference; the others are the sweep. Returns the Figure.
+    Rows with `arm == baseline_arm` are the reference; the others are the sweep. Returns the Figure.
     """
-    is_base = _column(summary, "pipeline", "create_tradeoff_figure") == baseline_pipeline
+    is_base = _column(summary, "arm", "create_tradeoff_figure") == baseline_arm
     reference = summary[is_base]
     swept = summary[~is_base]
-    compare = [(baseline_pipeline, reference)] if not reference.empty else None
+    compare = [(baseline_arm, reference)] if not reference.empty else None
     fig, axes = _pyplot().subplots(1, 3, figsize=figsize)
-    plot_sensitivity(swept, x_metric, sweep_col, compare_to_pipelines=compare, ax=axes[0])
-    plot_sensitivity(swept, y_metric, sweep_col, compare_to_pipelines=compare, ax=axes[1])
-    plot_tradeoff(swept, x_metric, y_metric, sweep_col, compare_to_pipelines=compare, ax=axes[2])
+    plot_sensitivity(swept, x_metric, sweep_col, compare_to_arms=compare, ax=axes[0])
+    plot_sensitivity(swept, y_metric, sweep_col, compare_to_arms=compare, ax=axes[1])
+    plot_tradeoff(swept, x_metric, y_metric, sweep_col, compare_to_arms=compare, ax=axes[2])
     fig.tight_layout()
     _save(fig, save_path)
     return fig

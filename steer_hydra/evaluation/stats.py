@@ -66,10 +66,11 @@ def per_sample_means(
 ) -> pd.DataFrame:
     """`keys + [score, n_trials]`: the score averaged over the runs (trials, seeds) of each (configuration, sample);
     `n_trials` counts those runs."""
-    runs = samples[run_keys(samples)].astype(str).agg("/".join, axis=1)
-    frame = samples[list(keys)].assign(_value=numeric_scores(samples[score], score), _run=runs)
-    grouped = frame.groupby(list(keys), sort=True, dropna=False)
-    return grouped.agg(**{score: ("_value", "mean"), "n_trials": ("_run", "nunique")}).reset_index()
+    keys, runs = list(keys), run_keys(samples)
+    frame = samples[[*keys, *runs]].assign(_value=numeric_scores(samples[score], score))
+    out = frame.groupby(keys, sort=True, dropna=False)["_value"].mean().rename(score).to_frame()
+    out["n_trials"] = frame.drop_duplicates([*keys, *runs]).groupby(keys, sort=True, dropna=False).size()
+    return out.reset_index()
 
 
 def confidence_interval(
@@ -117,7 +118,10 @@ def changed_share(samples: pd.DataFrame, baseline: str, group_cols: Sequence[str
     base = samples.loc[samples["config_id"] == base_id, [*on, "completion"]]
     arms = samples[samples["config_id"] != base_id]
     paired = arms.merge(base, on=on, suffixes=("", "_base"))
-    paired = paired.assign(_changed=(paired["completion"] != paired["completion_base"]).astype(float))
+    same = (paired["completion"] == paired["completion_base"]) | (
+        paired["completion"].isna() & paired["completion_base"].isna()
+    )  # two missing completions (failed samples) are not a change
+    paired = paired.assign(_changed=(~same).astype(float))
     keys = ["arm", "config_id", *group_cols]
     per_sample = paired.groupby([*keys, "sample_id"], sort=True, dropna=False)["_changed"].mean().reset_index()
     out = (

@@ -11,7 +11,7 @@ from app_helpers import FAST, read_run
 
 from steer_hydra.app import job as job_module
 from steer_hydra.app.callbacks import aggregate_sweep_dir
-from steer_hydra.app.report import changed_share, delta_rows, render, results_table, with_changed
+from steer_hydra.app.report import delta_rows, render, results_table
 from steer_hydra.app.tracking import wandb_key
 
 
@@ -23,34 +23,12 @@ def _results(arm: str, config_id: str, accuracy: float, stderr: float, n: int = 
     ]
 
 
-def _samples(config_id: str, completions: list[str]) -> pd.DataFrame:
-    return pd.DataFrame(
-        {
-            "pipeline": config_id,
-            "config_id": config_id,
-            "trial_id": 0,
-            "suite": "smoke",
-            "task": "steer_hydra/mcqa",
-            "sample_id": list(range(len(completions))),
-            "completion": completions,
-        }
-    )
-
-
 def test_wandb_key_is_the_one_grammar():
     assert wandb_key(None, "smoke", "steer_hydra/mcqa", "acc", "accuracy") == "smoke/steer_hydra.mcqa/acc/accuracy"
     assert wandb_key("delta_ci_low", "s", "t", "sc", "m") == "delta_ci_low/s/t/sc/m"
     assert wandb_key("plots", "paired_deltas") == "plots/paired_deltas"
     with pytest.raises(ValueError, match="section"):
         wandb_key("deltas", "x")
-
-
-def test_changed_share_pairs_samples_by_id_and_trial():
-    frame = pd.concat([_samples("baseline", ["a", "b", "c", "d"]), _samples("p1", ["a", "B", "c", "D"])])
-    changed = changed_share([frame], "baseline")
-    assert changed.to_dict("records") == [
-        {"config_id": "p1", "suite": "smoke", "task": "steer_hydra/mcqa", "changed": 0.5, "n_changed": 4}
-    ]
 
 
 def test_results_table_puts_baseline_first_and_the_delta_on_the_metric_it_moves():
@@ -67,11 +45,10 @@ def test_results_table_puts_baseline_first_and_the_delta_on_the_metric_it_moves(
                 "delta": 0.5,
                 "ci_low": 0.1,
                 "ci_high": 0.9,
+                "changed": 0.75,
             }
         ]
     )
-    deltas = with_changed(deltas, pd.DataFrame([{"config_id": "p1", "suite": "smoke", "task": "steer_hydra/mcqa",
-                                                  "changed": 0.75}]))  # fmt: skip
     located = delta_rows(deltas, results)
     assert located[["scorer", "metric"]].values.tolist() == [["acc", "accuracy"]]
     table = results_table(results, deltas, "baseline")
@@ -186,11 +163,11 @@ def test_job_plots_name_suite_model_and_n(tmp_path, monkeypatch):
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
-    from steer_hydra.app import analysis
+    from steer_hydra.app import results as results_module
 
-    monkeypatch.setattr(analysis, "_close_figures", lambda: None)  # keep the figure open to read it back
+    monkeypatch.setattr(results_module, "_close_figures", lambda: None)  # keep the figure open to read it back
     results = pd.DataFrame(_results("baseline", "baseline", 0.25, 0.1) + _results("pasta", "p1", 0.75, 0.2))
-    paths = analysis.plot_job(results, pd.DataFrame(), tmp_path, model="tiny")
+    paths = results_module.plot_comparison(results.assign(model="tiny"), pd.DataFrame(), tmp_path)
     ax = plt.gcf().axes[0]
     title, ylim, values = ax.get_title(), ax.get_ylim(), sorted(t.get_text() for t in ax.texts)
     plt.close("all")

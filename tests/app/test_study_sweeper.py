@@ -11,9 +11,11 @@ import pandas as pd
 import pytest
 from app_helpers import FAST
 
-from hydra_plugins.steer_hydra_study.study_sweeper import LAUNCHED_FILE, StudySweeper
-from steer_hydra.app import selection
-from steer_hydra.app.selection import StudySelection
+from hydra_plugins.steer_hydra_study.study_sweeper import StudySweeper
+from steer_hydra.app import study as study_module
+from steer_hydra.app.study import StudySelection
+from steer_hydra.study import LAUNCHED_FILE
+from steer_hydra.study.selection import strength_of
 
 ARMS = ["baseline", "prompt_weddings", "caa_weddings", "caa_weddings_random", "caa_weddings_negated"]
 FOLLOWS = {"caa_weddings_random": "caa_weddings", "caa_weddings_negated": "caa_weddings"}
@@ -67,18 +69,18 @@ def test_choose_reads_dev_rows_only(monkeypatch):
         for i in range(6):
             for strength in (0.6, 0.9, 2.0):
                 value = 1.0 if strength == best else 0.2
-                rows.append(dict(pipeline="caa_weddings", config_id=f"c{strength}", strength=strength, split=split,
+                rows.append(dict(arm_name="caa_weddings", config_id=f"c{strength}", strength=strength, split=split,
                                  sample_id=f"{split}-{i}", trial_id=0, task="t", concept_harmonic=value))  # fmt: skip
-                rows.append(dict(pipeline="caa_weddings_random", config_id=f"r{strength}", strength=strength,
+                rows.append(dict(arm_name="caa_weddings_random", config_id=f"r{strength}", strength=strength,
                                  split=split, sample_id=f"{split}-{i}", trial_id=0, task="t",
                                  concept_harmonic=5.0))  # fmt: skip
     frame = pd.DataFrame(rows)
     frame.loc[(frame["split"] == "dev") & (frame["strength"] == 2.0), "concept_harmonic"] = 9.0  # off the grid
     study = StudySelection(swept=["caa_weddings", "caa_weddings_random"], follows=FOLLOWS, task="t")
-    monkeypatch.setattr(selection, "study_frame", lambda *a, **k: frame)
+    monkeypatch.setattr(study_module, "study_frame", lambda *a, **k: frame)
     assert study.choose("unused", strengths=[0.6, 0.9]) == {"caa_weddings": 0.6}
     poisoned = frame.assign(concept_harmonic=frame["concept_harmonic"].where(frame["split"] == "dev", -1.0))
-    monkeypatch.setattr(selection, "study_frame", lambda *a, **k: poisoned)
+    monkeypatch.setattr(study_module, "study_frame", lambda *a, **k: poisoned)
     assert study.choose("unused", strengths=[0.6, 0.9]) == {"caa_weddings": 0.6}
     assert study.choose("unused") == {"caa_weddings": 2.0}  # without the grid, every dev strength is a candidate
 
@@ -104,8 +106,8 @@ def test_the_study_runs_in_one_command(run_app, tmp_path):
 
     study = sweep / "study"
     record = json.loads((study / "selection.json").read_text())
-    (caa,) = [c for c in record["choices"] if c["arm"] == "caa_weddings"]
-    (rnd,) = [c for c in record["choices"] if c["arm"] == "caa_weddings_random"]
+    (caa,) = [c for c in record["choices"] if c["arm_name"] == "caa_weddings"]
+    (rnd,) = [c for c in record["choices"] if c["arm_name"] == "caa_weddings_random"]
     assert caa["candidates"] == 2 and rnd["strength"] == caa["strength"]
     assert rnd["strength"] in (0.5, 1.0) and rnd["source"] == "caa_weddings"  # the sanity arm takes CAA's choice
     assert len(record["dev_sample_ids"]) == 2 and len(record["test_sample_ids"]) == 2
@@ -115,15 +117,15 @@ def test_the_study_runs_in_one_command(run_app, tmp_path):
     save_dir = tmp_path / "outputs" / "concept_steering" / "tiny" / "seed_0"
     configs = [json.loads(p.read_text()) for p in (save_dir / "configs").glob("*.json")]
     on_test = {p.parts[-3] for p in (save_dir / "inspect_logs").glob("*/trial_0/concept_steering_test")}
-    strengths = {c["config_id"]: selection.strength_of(c.get("controls")) for c in configs}
+    strengths = {c["config_id"]: strength_of(c.get("controls")) for c in configs}
     assert len(on_test) == 2 and {strengths[c] for c in on_test} - {None} == {rnd["strength"]}
 
     results = pd.read_csv(study / "study_results.csv")
-    assert set(results["arm"]) == {"baseline", "caa_weddings_random"}
-    assert (results.loc[results["arm"] != "baseline", "strength"] == rnd["strength"]).all()
+    assert set(results["arm_name"]) == {"baseline", "caa_weddings_random"}
+    assert (results.loc[results["arm_name"] != "baseline", "strength"] == rnd["strength"]).all()
     costs = pd.read_csv(study / "capability_costs.csv")
     assert set(costs["task"]) == {"steer_hydra/short_answer", "steer_hydra/arithmetic", "steer_hydra/mcqa"}
-    assert set(costs["arm"]) == {"baseline", "caa_weddings_random"} and (costs["n"] == 2).all()
+    assert set(costs["arm_name"]) == {"baseline", "caa_weddings_random"} and (costs["n"] == 2).all()
     assert json.loads((sweep / "aggregate" / "missing_cells.json").read_text()) == []
     assert not math.isnan(results.loc[results["metric"] == "concept_score", "delta"].iloc[0])
     assert Path(study / "study_deltas.png").stat().st_size > 0

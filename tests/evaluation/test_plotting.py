@@ -16,7 +16,7 @@ pytestmark = pytest.mark.filterwarnings("error")
 
 SUMMARY = pd.DataFrame(
     {
-        "pipeline": ["baseline", "pasta", "pasta", "pasta"],
+        "arm": ["baseline", "pasta", "pasta", "pasta"],
         "config_id": ["baseline", "c1", "c2", "c3"],
         "alpha": [float("nan"), 0.01, 0.1, 1.0],
         "target_mean": [0.40, 0.70, 0.60, 0.45],
@@ -36,7 +36,7 @@ PER_TRIAL = pd.DataFrame(
 )
 DELTAS = pd.DataFrame(
     {
-        "pipeline": ["pasta", "pasta"],
+        "arm": ["pasta", "pasta"],
         "config_id": ["c1", "c1"],
         "task": ["t1", "t2"],
         "metric": ["acc", "acc"],
@@ -61,8 +61,8 @@ def _written(path):
 
 def test_every_plot_renders_and_writes_its_png(tmp_path):
     plotting.apply_plot_style()
-    swept = SUMMARY[SUMMARY.pipeline == "pasta"]
-    base = SUMMARY[SUMMARY.pipeline == "baseline"]
+    swept = SUMMARY[SUMMARY.arm == "pasta"]
+    base = SUMMARY[SUMMARY.arm == "baseline"]
     calls = {
         "metric_by_config": lambda p: plotting.plot_metric_by_config(
             SUMMARY, "target", baseline_value=0.4, baseline_std=0.05, save_path=p
@@ -71,10 +71,10 @@ def test_every_plot_renders_and_writes_its_png(tmp_path):
             SUMMARY,
             "capability",
             "target",
-            group_col="pipeline",
+            group_col="arm",
             label_col="config_id",
             label_points="frontier",
-            compare_to_pipelines=[("baseline", base)],
+            compare_to_arms=[("baseline", base)],
             per_trial_data=PER_TRIAL,
             show_pareto=True,
             fill=False,
@@ -90,10 +90,10 @@ def test_every_plot_renders_and_writes_its_png(tmp_path):
             SUMMARY, ["target", "capability"], "config_id", save_path=p
         ),
         "sensitivity": lambda p: plotting.plot_sensitivity(
-            swept, "target", "alpha", compare_to_pipelines=[("baseline", base)], per_trial_data=PER_TRIAL, save_path=p
+            swept, "target", "alpha", compare_to_arms=[("baseline", base)], per_trial_data=PER_TRIAL, save_path=p
         ),
         "tradeoff": lambda p: plotting.plot_tradeoff(
-            swept, "capability", "target", "alpha", compare_to_pipelines=[("baseline", base)], save_path=p
+            swept, "capability", "target", "alpha", compare_to_arms=[("baseline", base)], save_path=p
         ),
         "pareto_frontier": lambda p: plotting.plot_pareto_frontier(SUMMARY, "capability", "target", save_path=p),
         "paired_deltas": lambda p: plotting.plot_paired_deltas(DELTAS, save_path=p),
@@ -118,9 +118,9 @@ def test_plots_draw_into_a_given_axes():
 def test_compare_frames_must_hold_one_configuration():
     two = SUMMARY.iloc[:2]
     for call in (
-        lambda: plotting.plot_tradeoff_scatter(SUMMARY, "capability", "target", compare_to_pipelines=[("x", two)]),
-        lambda: plotting.plot_sensitivity(SUMMARY, "target", "alpha", compare_to_pipelines=[("x", two)]),
-        lambda: plotting.plot_tradeoff(SUMMARY, "capability", "target", "alpha", compare_to_pipelines=[("x", two)]),
+        lambda: plotting.plot_tradeoff_scatter(SUMMARY, "capability", "target", compare_to_arms=[("x", two)]),
+        lambda: plotting.plot_sensitivity(SUMMARY, "target", "alpha", compare_to_arms=[("x", two)]),
+        lambda: plotting.plot_tradeoff(SUMMARY, "capability", "target", "alpha", compare_to_arms=[("x", two)]),
     ):
         with pytest.raises(ValueError, match="configurations"):
             call()

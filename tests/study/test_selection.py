@@ -8,7 +8,8 @@ import math
 import pandas as pd
 import pytest
 
-from steer_hydra.app.selection import Objective, report_selected, select_strengths, strength_of, write_study
+from steer_hydra.study.report import report_selected, write_study
+from steer_hydra.study.selection import Objective, select_strengths, strength_of
 
 
 def _frame():
@@ -25,7 +26,8 @@ def _frame():
             sid = f"cs-{i:03d}"
             rows.append(
                 dict(
-                    pipeline="baseline",
+                    arm="baseline",
+                    arm_name="baseline",
                     config_id="baseline",
                     strength=math.nan,
                     split=split,
@@ -37,7 +39,8 @@ def _frame():
             )
             rows.append(
                 dict(
-                    pipeline="prompt",
+                    arm="prompt",
+                    arm_name="prompt",
                     config_id="p",
                     strength=math.nan,
                     split=split,
@@ -51,7 +54,8 @@ def _frame():
                 value = table[(split, strength)]
                 rows.append(
                     dict(
-                        pipeline="caa",
+                        arm="caa",
+                        arm_name="caa",
                         config_id=f"c{strength}",
                         strength=strength,
                         split=split,
@@ -63,7 +67,8 @@ def _frame():
                 )
                 rows.append(
                     dict(
-                        pipeline="caa_random",
+                        arm="caa_random",
+                        arm_name="caa_random",
                         config_id=f"r{strength}",
                         strength=strength,
                         split=split,
@@ -79,7 +84,7 @@ def _frame():
 def test_the_choice_is_made_on_dev_and_never_reads_test():
     frame = _frame()
     dev = frame[frame["split"] == "dev"]
-    choices = select_strengths(dev, Objective("score"), follows={"caa_random": "caa"}).set_index("arm")
+    choices = select_strengths(dev, Objective("score"), follows={"caa_random": "caa"}).set_index("arm_name")
     assert choices.loc["caa", "strength"] == 0.2 and choices.loc["caa", "objective"] == pytest.approx(0.6)
     assert choices.loc["caa_random", "strength"] == 0.2 and choices.loc["caa_random", "source"] == "caa"
     assert math.isnan(choices.loc["baseline", "strength"])
@@ -96,15 +101,15 @@ def test_ties_go_to_the_smaller_strength_and_minimizing_works():
     frame = _frame()
     dev = frame[frame["split"] == "dev"]
     flat = dev.assign(score=0.5)
-    assert select_strengths(flat, Objective("score")).set_index("arm").loc["caa", "strength"] == 0.2
-    assert select_strengths(dev, Objective("score", maximize=False)).set_index("arm").loc["caa", "strength"] == 0.4
+    assert select_strengths(flat, Objective("score")).set_index("arm_name").loc["caa", "strength"] == 0.2
+    assert select_strengths(dev, Objective("score", maximize=False)).set_index("arm_name").loc["caa", "strength"] == 0.4
 
 
 def test_report_uses_the_test_split_at_the_chosen_strength():
     frame = _frame()
     choices = select_strengths(frame[frame["split"] == "dev"], Objective("score"), follows={"caa_random": "caa"})
     results = report_selected(frame[frame["split"] == "test"], choices, ["score"], fluency=None, n_resamples=200)
-    by_arm = results.set_index("arm")
+    by_arm = results.set_index("arm_name")
     assert by_arm.loc["caa", "strength"] == 0.2 and by_arm.loc["caa", "n"] == 20
     assert by_arm.loc["caa", "arm_mean"] == pytest.approx(0.5) and by_arm.loc["caa", "delta"] == pytest.approx(0.4)
     assert by_arm.loc["caa_random", "arm_mean"] == pytest.approx(0.12)
