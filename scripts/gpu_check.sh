@@ -108,7 +108,7 @@ step overhead 140:60 overhead.txt "$PY" benchmarks/gpu/steering_overhead.py --de
   $OVERHEAD_ARGS --budget-s 110 --out "$OUT/overhead.json"
 
 # 3. provider vs raw vs hf/ (fixed length), default logs then lean logs; the provider as users get it (static
-#    batching, max_connections = its inspect_connections); refill through the provider is in step 4
+#    batching, max_connections = its max_connections()); refill through the provider is in step 4
 step provider_default 80:40 provider_default.txt "$PY" benchmarks/gpu/on_device.py --shape $SHAPE --device $DEVICE \
   --dtype $DTYPE --benchmark provider_throughput -- $PROVIDER_ARGS --threads $THREADS
 step provider_lean 50:30 provider_lean.txt "$PY" benchmarks/gpu/on_device.py --shape $SHAPE --device $DEVICE \

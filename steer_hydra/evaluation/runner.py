@@ -452,7 +452,7 @@ def _control_provenance(pipeline: Any, controls: Sequence[Any], options: Any) ->
     declared = declared_scopes(controls)
     static = options.runtime_kwargs or {}
     return {
-        "effective_max_batch": options.batch_ceiling(pipeline),
+        "batch_ceiling": options.batch_ceiling(pipeline),
         "declared_runtime_kwargs": declared,
         "inert_static_runtime_kwargs": sorted(set(static) - set(declared)),
         "steering_vector_hashes": {

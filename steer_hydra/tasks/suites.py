@@ -7,7 +7,7 @@ from steer_hydra.evaluation.suite import InspectSuite
 SMOKE_TASKS = ("steer_hydra/short_answer", "steer_hydra/mcqa", "steer_hydra/instruction_following")
 
 
-def smoke_suite(*, limit: int | None = 4, max_tokens: int = 24) -> InspectSuite:
+def smoke_suite(*, limit: int | None = 12, max_tokens: int = 24) -> InspectSuite:
     """The `smoke` suite: the three built-in offline tasks (short answer, multiple choice, instruction following).
 
     Greedy, `limit` samples per task; runs on the tiny model in seconds and means something on a real model.

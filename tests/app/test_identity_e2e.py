@@ -9,6 +9,7 @@ import pytest
 from app_helpers import FAST, read_run
 
 from steer_hydra.app import job as job_module
+from steer_hydra.app import results as results_module
 from steer_hydra.app.callbacks import aggregate_sweep
 from steer_hydra.app.plan import JobPlan
 
@@ -39,13 +40,13 @@ def _rows(path):
 def test_three_pasta_configurations_in_one_save_dir_keep_their_own_results(compose_cfg, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     plotted = {}
-    real_plot = job_module.plot_job
+    real_plot = results_module.plot_comparison
 
     def spy(results, deltas, out_dir, **kwargs):
         plotted[out_dir.name] = (set(results["config_id"]), set(deltas["config_id"]) if len(deltas) else set())
         return real_plot(results, deltas, out_dir, **kwargs)
 
-    monkeypatch.setattr(job_module, "plot_job", spy)
+    monkeypatch.setattr(results_module, "plot_comparison", spy)
     common = [*FAST, f"output_root={tmp_path}", "logger.log_artifact=false"]
     job_module.run_job(compose_cfg([*common, "arm=baseline"]), tmp_path / "job_base")
     records = []
@@ -59,7 +60,7 @@ def test_three_pasta_configurations_in_one_save_dir_keep_their_own_results(compo
         out = tmp_path / f"job{i}"
         deltas = _rows(out / "paired_deltas.csv")
         assert deltas and {(r["arm"], r["config_id"]) for r in deltas} == {(record["arm"], record["config_id"])}
-        assert {r["seed"] for r in deltas} == {"0"}
+        assert {r["seeds"] for r in deltas} == {"0"}
         results = _rows(out / "results.csv")
         assert {r["config_id"] for r in results} == {record["config_id"]} and {r["arm"] for r in results} == {
             record["arm"]
@@ -82,9 +83,9 @@ def test_three_pasta_configurations_in_one_save_dir_keep_their_own_results(compo
     # a sweep's aggregate holds the sweep's configurations (+ the baseline), not the others in the save_dir
     base_record = json.loads((tmp_path / "job_base" / "job_record.json").read_text())
     only_baseline = aggregate_sweep([base_record], tmp_path / "agg_base")
-    assert only_baseline["deltas"].empty
+    assert only_baseline["comparison"].deltas.empty
     one = aggregate_sweep([base_record, records[1]], tmp_path / "agg_one")
-    assert set(one["deltas"]["config_id"]) == {ids[1]} and set(one["deltas"]["arm"]) == {records[1]["arm"]}
+    assert set(one["comparison"].deltas["config_id"]) == {ids[1]} and set(one["comparison"].deltas["arm"]) == {records[1]["arm"]}
     assert set(one["summary"]["config_id"]) == {"baseline", ids[1]}
     without_base = aggregate_sweep([records[2]], tmp_path / "agg_two")  # baseline from the same save_dir
-    assert set(without_base["deltas"]["config_id"]) == {ids[2]}
+    assert set(without_base["comparison"].deltas["config_id"]) == {ids[2]}

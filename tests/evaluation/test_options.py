@@ -13,7 +13,7 @@ def test_batch_ceiling_is_the_max_or_one_when_a_control_cannot_batch(batches, ce
     pipeline = SimpleNamespace(supports_batching=batches)
     options = ProviderOptions(max_batch_size=6)
     assert options.batch_ceiling(pipeline) == ceiling
-    assert _control_provenance(pipeline, [], options)["effective_max_batch"] == ceiling
+    assert _control_provenance(pipeline, [], options)["batch_ceiling"] == ceiling
 
 
 def test_the_provider_uses_the_options_rule(make_pipeline):

@@ -190,7 +190,7 @@ def smoke_study(tmp_path_factory):
         ev = SteeringEval(
             {"baseline": [], "brief": [SystemPrompt(text="Answer briefly.")]},
             ModelSource(TINY_REF, device_map=None),
-            [smoke_suite()],
+            [smoke_suite(limit=4)],
             num_trials=num_trials,
             seed=0,
             save_dir=save,
@@ -218,7 +218,7 @@ def smoke_study(tmp_path_factory):
 
 
 def test_more_trials_generate_only_the_new_trials_samples(smoke_study):
-    n_tasks, limit, n_configs = 3, smoke_suite().limit, 2
+    n_tasks, limit, n_configs = 3, 4, 2
     assert smoke_study["one_trial"] == n_configs * n_tasks * limit
     assert smoke_study["added"] == smoke_study["one_trial"]  # only trial 1 was generated
     assert smoke_study["again"] == 0  # a complete save_dir makes no model calls
@@ -231,7 +231,7 @@ def test_two_configs_two_trials_smoke_frames_and_plots(smoke_study, tmp_path):
     results = ev.results()
     assert len(results) == 2 * 2 * 3 * 2  # configs x trials x tasks x (accuracy, stderr)
     assert set(results["task"]) == {"steer_hydra/short_answer", "steer_hydra/mcqa", "steer_hydra/instruction_following"}
-    assert results["n"].unique().tolist() == [smoke_suite().limit]
+    assert results["n"].unique().tolist() == [4]
 
     runs = ev.runs_frame(["accuracy"], task="steer_hydra/mcqa")
     assert runs[["arm", "trial_id", "seed"]].values.tolist() == [
@@ -249,11 +249,11 @@ def test_two_configs_two_trials_smoke_frames_and_plots(smoke_study, tmp_path):
     samples = ev.samples_frame(
         ["instruction_checker"], task="steer_hydra/instruction_following", metadata_keys=["check"], include_text=True
     )
-    assert len(samples) == 2 * 2 * smoke_suite().limit
+    assert len(samples) == 2 * 2 * 4
     assert samples["completion"].map(lambda c: isinstance(c, str)).all()
     deltas = paired_deltas(samples, "instruction_checker")
     assert deltas[["arm", "n", "n_trials", "n_trials_baseline"]].values.tolist() == [
-        ["brief", smoke_suite().limit, 2, 2]
+        ["brief", 4, 2, 2]
     ]
     assert deltas["ci_low"].iloc[0] <= deltas["delta"].iloc[0] <= deltas["ci_high"].iloc[0]
     assert 0.0 <= deltas["changed"].iloc[0] <= 1.0  # the completions are there: the changed share is known

@@ -301,7 +301,7 @@ def test_config_ids_and_run_records(fake_factory, tmp_path):
     assert prov["backend"] == "huggingface" and prov["prompt_path"] == "messages"
     assert prov["shared_base_fingerprint"] == "f" * 16
     assert datetime.fromisoformat(prov["recorded_utc"]).utcoffset().total_seconds() == 0
-    assert prov["effective_max_batch"] == 8 and prov["declared_runtime_kwargs"] == {}
+    assert prov["batch_ceiling"] == 8 and prov["declared_runtime_kwargs"] == {}
     assert prov["steering_vector_hashes"] == {}
 
 
@@ -314,7 +314,7 @@ def test_provenance_names_batch_ceiling_inert_static_kwargs_and_vectors(fake_fac
     with pytest.warns(UserWarning, match=r"\['substrings'\] .* inert on every arm"):
         results = _eval(tmp_path, {"actadd": [actadd], "few": [FewShot()]}, provider_options=options).run()
     act, few = results["actadd"][0]["provenance"], results["few"][0]["provenance"]
-    assert act["effective_max_batch"] == 1 and few["effective_max_batch"] == 4
+    assert act["batch_ceiling"] == 1 and few["batch_ceiling"] == 4
     assert act["inert_static_runtime_kwargs"] == ["positive_examples", "substrings"]
     assert few["inert_static_runtime_kwargs"] == ["substrings"]
     assert few["declared_runtime_kwargs"] == {"positive_examples": "call", "negative_examples": "call"}
