@@ -85,7 +85,9 @@ def test_three_pasta_configurations_in_one_save_dir_keep_their_own_results(compo
     only_baseline = aggregate_sweep([base_record], tmp_path / "agg_base")
     assert only_baseline["comparison"].deltas.empty
     one = aggregate_sweep([base_record, records[1]], tmp_path / "agg_one")
-    assert set(one["comparison"].deltas["config_id"]) == {ids[1]} and set(one["comparison"].deltas["arm"]) == {records[1]["arm"]}
+    assert set(one["comparison"].deltas["config_id"]) == {ids[1]} and set(one["comparison"].deltas["arm"]) == {
+        records[1]["arm"]
+    }
     assert set(one["summary"]["config_id"]) == {"baseline", ids[1]}
     without_base = aggregate_sweep([records[2]], tmp_path / "agg_two")  # baseline from the same save_dir
     assert set(without_base["comparison"].deltas["config_id"]) == {ids[2]}
