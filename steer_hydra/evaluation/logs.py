@@ -9,6 +9,8 @@ rebuilt from the logs, and the configuration records (`config_records`, `arm_nam
 - `results_from_logs` / `cells_from_logs`: the results and cells frames rebuilt from a `save_dir` alone, for all
   configurations or the given `config_ids` (the `success` log per task wins; superseded partial logs of an
   interrupted run are ignored);
+- `task_result`: one task's result from its log header (metrics, scored and failed counts, location): the form
+  run records and cell indexes hold, whether a suite has just run or a save_dir is read back;
 - `config_records`: `save_dir/configs/<config_id>.json`, one record per configuration a job evaluated there (its
   arm name and canonical controls); `arm_names` maps config_id to arm.
 
@@ -22,6 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
+from urllib.request import url2pathname
 
 import pandas as pd
 
@@ -201,8 +204,6 @@ def _finished_logs(log_dir: Path) -> dict[str, tuple[str, Any]]:
     from failed samples only (`is_partial`: the rest were scored)."""
     from inspect_ai.log import list_eval_logs, read_eval_log
 
-    from steer_hydra.evaluation.suite import is_partial
-
     chosen: dict[str, tuple[str, Any]] = {}
     for info in list_eval_logs(str(log_dir), recursive=False):
         header = read_eval_log(info, header_only=True)
@@ -232,7 +233,7 @@ def _records_from_logs(
                 tasks: dict[str, Any] = {}
                 for log_dir in [suite_dir, *sorted(p for p in suite_dir.iterdir() if p.is_dir())]:
                     for task, (location, header) in _finished_logs(log_dir).items():
-                        tasks[task] = _flatten_header(header, location, save_dir)
+                        tasks[task] = task_result(header, location, save_dir)
                 if tasks:
                     suites[suite_dir.name] = tasks
             if suites:
@@ -293,16 +294,54 @@ def arm_names(save_dir: str | Path) -> dict[str, str]:
     return {config_id: record["arm"] for config_id, record in config_records(save_dir).items()}
 
 
-def _flatten_header(header: Any, location: str, save_dir: Path) -> dict[str, Any]:
-    from steer_hydra.evaluation.suite import failed_count, normalize_location
-
+def task_result(log: Any, location: str | None, root: str | Path) -> dict[str, Any]:
+    """One task's result from its log (or log header): `{"metrics": {"scorer/metric": value}, "n": completed,
+    "failed": failed, "log": location relative to root}`, the form run records and cell indexes hold."""
+    results = getattr(log, "results", None)
     metrics = {}
-    for score in getattr(header.results, "scores", None) or []:
+    for score in getattr(results, "scores", None) or []:
         for name, metric in (score.metrics or {}).items():
             metrics[f"{score.name}/{name}"] = metric.value
     return {
         "metrics": metrics,
-        "n": int(header.results.completed_samples) if header.results is not None else 0,
-        "failed": failed_count(header),
-        "log": normalize_location(location, save_dir),
+        "n": int(results.completed_samples) if results is not None else 0,
+        "failed": failed_count(log),
+        "log": normalize_location(location, root),
     }
+
+
+def is_partial(log: Any) -> bool:
+    """A log that ended `error` only because some samples failed: the task ran to the end and scored the rest."""
+    results = getattr(log, "results", None)
+    return (
+        getattr(log, "status", None) == "error"
+        and getattr(log, "error", None) is None
+        and results is not None
+        and int(results.completed_samples or 0) > 0
+    )
+
+
+def failed_count(log: Any) -> int:
+    """Samples of a log that ended without a score (total minus completed)."""
+    results = getattr(log, "results", None)
+    if results is None:
+        return 0
+    return max(0, int(results.total_samples or 0) - int(results.completed_samples or 0))
+
+
+def normalize_location(location: str | None, log_dir: str | Path) -> str:
+    """A `file:` URI becomes a path; an absolute path becomes relative to `log_dir`; other URIs stay verbatim."""
+    if not location:
+        return ""
+    parsed = urlparse(location)
+    if parsed.scheme == "file":
+        location = url2pathname(parsed.path)
+    elif parsed.scheme and len(parsed.scheme) > 1:
+        return location
+    path = Path(location)
+    if path.is_absolute():
+        try:
+            return path.resolve().relative_to(Path(log_dir).resolve()).as_posix()
+        except ValueError:
+            return str(path)
+    return location

@@ -22,8 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
-from urllib.request import url2pathname
+
+from steer_hydra.evaluation.logs import is_partial, task_result
 
 logger = logging.getLogger(__name__)
 
@@ -191,25 +191,6 @@ class InspectSuite:
         return list(logs)
 
 
-def is_partial(log: Any) -> bool:
-    """A log that ended `error` only because some samples failed: the task ran to the end and scored the rest."""
-    results = getattr(log, "results", None)
-    return (
-        getattr(log, "status", None) == "error"
-        and getattr(log, "error", None) is None
-        and results is not None
-        and int(results.completed_samples or 0) > 0
-    )
-
-
-def failed_count(log: Any) -> int:
-    """Samples of a log that ended without a score (total minus completed)."""
-    results = getattr(log, "results", None)
-    if results is None:
-        return 0
-    return max(0, int(results.total_samples or 0) - int(results.completed_samples or 0))
-
-
 def _failure_summary(log: Any, shown: int = 3) -> str:
     """`task: N of M sample(s) failed: id 3: ValueError: ...` (or the task's own error when it failed whole)."""
     task = str(getattr(getattr(log, "eval", None), "task", "unknown"))
@@ -256,37 +237,6 @@ def _check_max_tokens(pipeline: Any, max_tokens: Any) -> None:
         )
 
 
-def normalize_location(location: str | None, log_dir: str | Path) -> str:
-    """A `file:` URI becomes a path; an absolute path becomes relative to `log_dir`; other URIs stay verbatim."""
-    if not location:
-        return ""
-    parsed = urlparse(location)
-    if parsed.scheme == "file":
-        location = url2pathname(parsed.path)
-    elif parsed.scheme and len(parsed.scheme) > 1:
-        return location
-    path = Path(location)
-    if path.is_absolute():
-        try:
-            return path.resolve().relative_to(Path(log_dir).resolve()).as_posix()
-        except ValueError:
-            return str(path)
-    return location
-
-
 def flatten_logs(logs: Sequence[Any], log_dir: str | Path) -> dict[str, dict[str, Any]]:
-    """`{log.eval.task: {"metrics": {"scorer/metric": value}, "n": completed, "failed": failed, "log": location}}`."""
-    results: dict[str, dict[str, Any]] = {}
-    for log in logs:
-        metrics: dict[str, Any] = {}
-        log_results = getattr(log, "results", None)
-        for score in getattr(log_results, "scores", None) or []:
-            for metric_name, metric in (score.metrics or {}).items():
-                metrics[f"{score.name}/{metric_name}"] = metric.value
-        results[log.eval.task] = {
-            "metrics": metrics,
-            "n": int(log_results.completed_samples) if log_results is not None else 0,
-            "failed": failed_count(log),
-            "log": normalize_location(getattr(log, "location", None), log_dir),
-        }
-    return results
+    """`{log.eval.task: task_result(log)}` of a suite run's logs, locations relative to `log_dir`."""
+    return {log.eval.task: task_result(log, getattr(log, "location", None), log_dir) for log in logs}

@@ -252,9 +252,7 @@ def test_two_configs_two_trials_smoke_frames_and_plots(smoke_study, tmp_path):
     assert len(samples) == 2 * 2 * 4
     assert samples["completion"].map(lambda c: isinstance(c, str)).all()
     deltas = paired_deltas(samples, "instruction_checker")
-    assert deltas[["arm", "n", "n_trials", "n_trials_baseline"]].values.tolist() == [
-        ["brief", 4, 2, 2]
-    ]
+    assert deltas[["arm", "n", "n_trials", "n_trials_baseline"]].values.tolist() == [["brief", 4, 2, 2]]
     assert deltas["ci_low"].iloc[0] <= deltas["delta"].iloc[0] <= deltas["ci_high"].iloc[0]
     assert 0.0 <= deltas["changed"].iloc[0] <= 1.0  # the completions are there: the changed share is known
 

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 import steer_hydra.evaluation.provider as provider_module
-from steer_hydra.evaluation.suite import InspectSuite, flatten_logs, normalize_location
+from steer_hydra.evaluation.logs import normalize_location
+from steer_hydra.evaluation.suite import InspectSuite, flatten_logs
 
 
 def _log(task, location, *, status="success", metrics=None, n=3, total=None, scorer="includes", error=None):
