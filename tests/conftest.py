@@ -14,6 +14,27 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("INSPECT_DISPLAY", "none")
 
 
+def _freeze_imported_objects() -> None:
+    """Move the objects of the heavy imports into the permanent generation: `gc.collect()` (which every pipeline
+    release runs to free a model) then scans only what the tests created, 0.6 s less per call."""
+    import gc
+
+    import inspect_ai.log  # noqa: F401
+    import inspect_ai.model  # noqa: F401
+    import pandas  # noqa: F401
+    import transformers.models.llama.modeling_llama  # noqa: F401
+
+    import steer_hydra.evaluation.runner  # noqa: F401 - the package's own layers, Inspect's eval machinery with them
+    from steer_hydra.models import build_tiny_model
+
+    build_tiny_model()  # the tokenizers and model classes the tiny model loads
+    gc.collect()
+    gc.freeze()
+
+
+_freeze_imported_objects()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Checkpoints built by references go to a per-session cache, not the user's home.

@@ -179,10 +179,11 @@ def test_offline_documented_commands_run_and_their_paths_exist(tmp_path, monkeyp
             parts = list(shown.parts)
             parts[2] = "tiny"
             assert (tmp_path / Path(*parts)).is_dir(), f"{shown}: no such folder after the default job"
-        elif kind(args) == "aggregate":
+        elif kind(args) == "aggregate":  # its own entry point, in this process
+            from steer_hydra.aggregate import main as aggregate_main
+
             sweep = sorted((tmp_path / "outputs").glob("*/multiruns/*"))[-1]
-            proc = _run(["-m", "steer_hydra.aggregate", str(sweep), "--no-tracking"], tmp_path)
-            assert proc.returncode == 0, proc.stderr[-3000:]
+            assert aggregate_main([str(sweep), "--no-tracking"]) == 0, capsys.readouterr().err[-3000:]
 
 
 @pytest.mark.slow

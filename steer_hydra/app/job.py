@@ -49,6 +49,18 @@ def git_commit() -> str | None:
         return None
 
 
+def freeze_long_lived_objects() -> None:
+    """Collect garbage, then exempt every object alive now (imported modules, the config) from later collections.
+
+    Releasing a model runs `gc.collect()`; with the imports of torch, transformers and Inspect frozen, each collection
+    scans only what the job created (0.1 s instead of 0.6 s on a 2-core CPU). Objects freed by reference counting
+    are freed as before."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
 def memory_report() -> dict[str, Any]:
     """This process's resident memory (MiB, Linux) and how many transformers models are still alive."""
     import gc
@@ -120,6 +132,7 @@ def _run_job(cfg: DictConfig, output_dir: Path) -> float:
     plan = JobPlan.from_config(cfg)  # every config error surfaces here, before anything is written
     plan.check_protocol()  # fail fast; the claim itself happens under a lock right before the first cell
     runner = plan.runner()
+    freeze_long_lived_objects()
     tracker = make_tracker(cfg, plan, output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     logger.info("Job: arm %s [%s] on suite %s; logs under %s", plan.arm, plan.config_id, plan.suite.name, plan.save_dir)

@@ -66,3 +66,14 @@ def read_run(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
                 key = "/".join(item.nested_key) if item.nested_key else item.key
                 summary[key] = json.loads(item.value_json)
     return config, summary
+
+
+def sweep_dir(root: Path) -> Path:
+    """The one sweep folder under `root/outputs/default/multiruns`."""
+    (sweep,) = (root / "outputs" / "default" / "multiruns").iterdir()
+    return sweep
+
+
+def job_records(sweep: Path) -> list[dict]:
+    """The job records of a sweep, in job order."""
+    return [json.loads(p.read_text()) for p in sorted(sweep.glob("*/job_record.json"))]

@@ -63,3 +63,28 @@ def run_app(tmp_path):
         )
 
     return runner
+
+
+@pytest.fixture
+def run_main(tmp_path, monkeypatch, capsys):
+    """`run_main(*args)` runs `python -m steer_hydra ARGS` in this process (no interpreter start): the same entry
+    point and argument parsing; returns `(exit code, stdout, stderr)`."""
+    from steer_hydra import main as main_module
+
+    def runner(*args: str) -> tuple[int, str, str]:
+        monkeypatch.chdir(tmp_path)
+        monkeypatch.setattr(sys, "argv", ["steer_hydra", *with_tiny_model(args)])
+        GlobalHydra.instance().clear()
+        code = 0
+        try:
+            main_module.main()
+        except SystemExit as exited:
+            code = exited.code if isinstance(exited.code, int) else (0 if exited.code is None else 1)
+            if isinstance(exited.code, str):
+                sys.stderr.write(exited.code + "\n")
+        finally:
+            GlobalHydra.instance().clear()
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    return runner

@@ -28,7 +28,8 @@ def _only(paths):
 def test_default_command_leaves_results_plots_and_an_offline_wandb_run(run_app, tmp_path):
     env = {"HOME": str(tmp_path / "home"), "HF_TOKEN": SECRET, "WANDB_API_KEY": ""}
     env_without_mode = {k: v for k, v in os.environ.items() if k not in ("WANDB_MODE", "WANDB_API_KEY")}
-    proc = run_app(env={**env_without_mode, **env, "WANDB_MODE": ""})  # its time is a benchmark, not a test
+    # the default command (with the tiny model and 4 samples per task: its real time is a benchmark, not a test)
+    proc = run_app("suite.limit=4", env={**env_without_mode, **env, "WANDB_MODE": ""})
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = _only((tmp_path / "outputs" / "default" / "runs").iterdir())
     rows = list(csv.DictReader((run_dir / "results.csv").open()))
@@ -177,11 +178,11 @@ def test_a_job_whose_cells_are_complete_loads_no_model_and_says_so(compose_cfg, 
         (["suite.limit=abc"], ["'abc'", "suite.limit"]),
     ],
 )
-def test_bad_overrides_fail_fast_and_write_no_results(run_app, tmp_path, overrides, expected):
-    proc = run_app(*overrides, "logger.mode=offline")
-    assert proc.returncode != 0
+def test_bad_overrides_fail_fast_and_write_no_results(run_main, tmp_path, overrides, expected):
+    code, _, stderr = run_main(*overrides, "logger.mode=offline")
+    assert code != 0
     for text in expected:
-        assert text in proc.stderr, (text, proc.stderr[-2000:])
+        assert text in stderr, (text, stderr[-2000:])
     outputs = tmp_path / "outputs"
     written = [p for p in outputs.rglob("*") if p.is_file()] if outputs.exists() else []
     assert not [p for p in written if p.name in ("results.csv", "job_record.json") or p.suffix == ".eval"]
