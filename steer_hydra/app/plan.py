@@ -13,6 +13,16 @@ Concurrency: jobs share `save_dir/protocol/<suite>.json` and `save_dir/configs/<
 written atomically, and the protocol check-and-claim runs under the save_dir's file lock. A job claims only
 right before it evaluates its first cell (its model loaded and steered), and a job that fails before any log of
 the suite exists, with no other job holding the claim, removes it again.
+
+Claims: the protocol of a suite is held while a log of the suite exists or a job holding it runs. A job's hold is
+a holder file `save_dir/protocol/holders/<suite>.<host>.<pid>.<uuid>` whose JSON names the job's process
+(`core.files.process_identity`: host, boot, pid namespace, pid, start time) and which the job touches every
+`HOLDER_REFRESH_S` seconds until it releases it. A holder is stale when its process is gone (checked on its own
+host: the pid is free, a zombie, or another process's) or, on any host, when it was not touched for
+`HOLDER_LEASE_S` seconds (a job killed with SIGKILL or SIGTERM cannot remove its own). The next claim or release
+clears stale holders with a warning, and a protocol that neither a log nor a live holder backs; a refusal names
+what holds the protocol (logs, running jobs). Damaged shared files (the protocol, the configuration records) fail
+in `check_protocol`, before any model loads, naming the file and the fix.
 """
 
 from __future__ import annotations
@@ -20,6 +30,9 @@ from __future__ import annotations
 import enum
 import logging
 import os
+import re
+import threading
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -35,7 +48,7 @@ from steer_hydra.app.results import Selection
 from steer_hydra.app.secrets import redact
 from steer_hydra.core.backend import BackendSpec
 from steer_hydra.core.controls import BaseControl
-from steer_hydra.core.files import locked, read_json, write_json
+from steer_hydra.core.files import locked, on_this_host, process_gone, process_identity, read_json, write_json
 from steer_hydra.core.identity import BASELINE_CONFIG_ID, canonical_value, config_digest
 from steer_hydra.core.source import ModelSource
 from steer_hydra.core.sweeps import config_descriptor_from_controls
@@ -47,6 +60,9 @@ from steer_hydra.evaluation.suite import RETRY_FIELDS, InspectSuite
 logger = logging.getLogger(__name__)
 
 LOCK_FILE = ".lock"
+HOLDERS_DIR = "holders"  # save_dir/protocol/holders/<suite>.<host>.<pid>.<uuid>: one per job holding a claim
+HOLDER_REFRESH_S = 60.0  # a job touches its holder this often while it runs
+HOLDER_LEASE_S = 600.0  # a holder not touched for this long is stale on any host (its job is gone)
 
 
 class ConfigError(ValueError):
@@ -129,6 +145,57 @@ def build_controls(controls_cfg: Any) -> list[BaseControl]:
     return controls
 
 
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """One job's hold on a suite's protocol: its file, what the file says (`{}` when unreadable) and its age."""
+
+    path: Path
+    info: Mapping[str, Any]
+    age_s: float
+
+    @classmethod
+    def read(cls, path: Path, suite: str) -> Holder | None:
+        """The holder at `path` when it holds `suite` (None for another suite's, or a file gone meanwhile)."""
+        try:
+            age = time.time() - path.stat().st_mtime
+        except FileNotFoundError:
+            return None
+        try:
+            info = read_json(path)
+        except (OSError, ValueError):  # empty or unreadable: judged by its name and age only
+            info = None
+        if not isinstance(info, Mapping):
+            return cls(path, {}, age) if path.name.startswith(f"{suite}.") else None
+        return cls(path, info, age) if info.get("suite") == suite else None
+
+    def describe(self) -> str:
+        """`pid 12 on host h, arm pasta, claimed 2026-01-01T00:00:00Z`, or the file's name when it says nothing."""
+        if not self.info:
+            return f"holder {self.path.name}"
+        pid, host, arm, claimed = (self.info.get(key) for key in ("pid", "host", "arm", "claimed_utc"))
+        return f"pid {pid} on host {host}, arm {arm}, claimed {claimed}"
+
+    def stale_reason(self) -> str | None:
+        """Why this holder no longer holds anything (its job is gone), or None while its job may still run."""
+        if self.info and on_this_host(self.info):
+            return "its process is gone" if process_gone(self.info) else None
+        if self.age_s > HOLDER_LEASE_S:
+            return (
+                f"not refreshed for {self.age_s / 60:.0f} min (a running job refreshes it every "
+                f"{HOLDER_REFRESH_S:.0f} s; the lease is {HOLDER_LEASE_S / 60:.0f} min)"
+            )
+        return None
+
+
+def _refresh_holder(path: Path, stop: threading.Event) -> None:
+    """Touch `path` every `HOLDER_REFRESH_S` seconds until `stop` is set (or the file is gone)."""
+    while not stop.wait(HOLDER_REFRESH_S):
+        try:
+            os.utime(path)
+        except OSError:
+            return
+
+
 @dataclass(slots=True)
 class JobPlan:
     """Everything one job runs, built and validated from the config."""
@@ -151,6 +218,7 @@ class JobPlan:
     baseline_config_id: str = BASELINE_CONFIG_ID
     experiment: str = ""  # `experiment_name`: recorded in every Inspect log's metadata
     _holder: Path | None = field(default=None, repr=False)
+    _holder_stop: threading.Event | None = field(default=None, repr=False)
     _backend_identity: dict[str, Any] | None = field(default=None, repr=False)
 
     @classmethod
@@ -240,40 +308,189 @@ class JobPlan:
     def protocol_path(self) -> Path:
         return self.save_dir / "protocol" / f"{self.suite.name}.json"
 
+    @property
+    def _lock_path(self) -> Path:
+        return self.save_dir / LOCK_FILE
+
     def check_protocol(self) -> None:
-        """Refuse a save_dir whose logs for this suite were made under another protocol (they would be reused)."""
+        """Refuse a save_dir whose logs or running jobs for this suite hold another protocol (they would be
+        reused), a damaged protocol file that something holds, and damaged configuration records; read-only."""
+        self._check_config_records()
         if not self.protocol_path.exists():
             return
-        previous, current = read_json(self.protocol_path), self.protocol()
+        try:
+            if not self._protocol_changes():
+                return
+        except ConfigError:  # damaged: an error only while something holds it (the claim clears it otherwise)
+            with locked(self._lock_path):
+                live, logs = self._holds()
+                if live or logs:
+                    raise
+            return
+        with locked(self._lock_path):
+            live, logs = self._holds()
+            changed = self._protocol_changes() if self.protocol_path.exists() else []
+            if changed and (live or logs):
+                raise ConfigError(self._refusal(changed, live, logs))
+
+    def _read_protocol(self) -> dict[str, Any]:
+        """The suite's recorded protocol; a damaged file raises ConfigError naming it and the fix."""
+        try:
+            previous = read_json(self.protocol_path)
+        except ValueError as error:
+            previous, reason = None, str(error.__cause__ or error)
+        else:
+            reason = f"a JSON {type(previous).__name__}, not an object"
+        if not isinstance(previous, dict):
+            raise ConfigError(
+                f"{self.protocol_path} is damaged ({reason}). It records the protocol (model, backend, provider, "
+                f"generation settings, suite, seed) of the logs and running jobs of suite {self.suite.name!r} in "
+                f"save_dir {self.save_dir}. Fix: if they were made with this command's settings, delete the file and "
+                "re-run (the job writes it again); otherwise set experiment_name=<new name> (or save_dir=...)."
+            )
+        return previous
+
+    def _protocol_changes(self) -> list[str]:
+        """`key: old -> new` of the recorded protocol against this job's (empty when they match)."""
+        previous, current = self._read_protocol(), self.protocol()
         if "identity" not in current["backend"]:  # not loaded yet: compared at the claim
             previous.get("backend", {}).pop("identity", None)
-        if previous != current:
-            changed = "; ".join(changed_leaves(previous, current)[:6])
-            raise ConfigError(
-                f"save_dir {self.save_dir} already holds suite {self.suite.name!r} evaluated under another protocol "
-                f"({self.protocol_path}; changed: {changed}). Inspect would resume those logs as if nothing changed. "
-                "Fix: set experiment_name=<new name> (or save_dir=...) for the new protocol, or restore the old "
-                "settings."
+        return changed_leaves(previous, current) if previous != current else []
+
+    def _refusal(self, changed: list[str], live: list[Holder], logs: list[Path]) -> str:
+        """What holds the other protocol (logs, running jobs) and how to go on; one line."""
+        held = []
+        if logs:
+            cells = sorted({log.parent.relative_to(self.save_dir).as_posix() for log in logs})
+            shown = ", ".join(cells[:3]) + (f" and {len(cells) - 3} more" if len(cells) > 3 else "")
+            held.append(f"{len(logs)} Inspect log(s) in {shown}")
+        if live:
+            held.append(f"{len(live)} running job(s) with a claim on it ({'; '.join(h.describe() for h in live[:3])})")
+        holding = f", held by {' and by '.join(held)}" if held else ""
+        message = (
+            f"save_dir {self.save_dir} holds suite {self.suite.name!r} under another protocol "
+            f"({self.protocol_path}; changed: {'; '.join(changed[:6])}){holding}. "
+        )
+        if logs:
+            message += "Inspect would resume those logs as if nothing changed. "
+        else:
+            message += "No log of the suite exists yet. "
+        message += (
+            "Fix: set experiment_name=<new name> (or save_dir=...) for the new protocol, or restore the old settings"
+        )
+        if live and not logs:
+            message += "; or wait for those jobs to end (a job that ends without a log releases its claim)"
+        remote = [holder for holder in live if not (holder.info and on_this_host(holder.info))]
+        if remote:
+            message += (
+                f"; a claim from another host counts until its job has not refreshed it for {HOLDER_LEASE_S / 60:.0f} "
+                f"min: if that job is gone, delete {remote[0].path}"
             )
+        return message + "."
+
+    def _check_config_records(self) -> None:
+        """Every `save_dir/configs/*.json` must be a whole configuration record: every job's results table and a
+        sweep's aggregate read them all (the arm names), so a damaged one would fail only after the evaluation."""
+        folder = self.save_dir / CONFIGS_DIR
+        damaged = []
+        for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+            try:
+                record = read_json(path)
+            except (OSError, ValueError) as error:
+                damaged.append(f"{path} ({error.__cause__ or error})")
+                continue
+            if not isinstance(record, dict) or not {"config_id", "arm"} <= set(record):
+                damaged.append(f"{path} (not a configuration record: it needs 'config_id' and 'arm')")
+        if damaged:
+            raise ConfigError(
+                f"save_dir {self.save_dir} has {len(damaged)} damaged configuration record(s): {'; '.join(damaged)}. "
+                "Every job's results and a sweep's aggregate read these records (the arm names). Fix: delete the "
+                "file(s) and re-run; the results stay in the Inspect logs, and a record is written again when a job "
+                "of its configuration next evaluates a cell (until then tables name that configuration by its "
+                "config_id)."
+            )
+
+    def _holds(self) -> tuple[list[Holder], list[Path]]:
+        """The live holders and the logs of this suite in save_dir (stale holders are left alone)."""
+        live = [holder for holder in self._holders() if holder.stale_reason() is None]
+        return live, self._suite_logs()
+
+    def _holders(self) -> list[Holder]:
+        folder = self.save_dir / "protocol" / HOLDERS_DIR
+        found = (Holder.read(path, self.suite.name) for path in sorted(folder.iterdir())) if folder.is_dir() else ()
+        return [holder for holder in found if holder is not None]
+
+    def _suite_logs(self) -> list[Path]:
+        return sorted((self.save_dir / "inspect_logs").glob(f"*/trial_*/{self.suite.name}/**/*.eval"))
+
+    def _clear_stale_claims(self) -> None:
+        """Under the save_dir lock: remove stale holders (a warning each), then the protocol when no log of the
+        suite exists and no live holder remains."""
+        live = []
+        for holder in self._holders():
+            reason = holder.stale_reason()
+            if reason is None:
+                live.append(holder)
+                continue
+            logger.warning(
+                "Clearing a stale claim on suite %s: %s left %s and %s.",
+                self.suite.name,
+                holder.describe(),
+                holder.path,
+                reason,
+            )
+            holder.path.unlink(missing_ok=True)
+        if not live and self.protocol_path.exists() and not self._suite_logs():
+            logger.info(
+                "No log of suite %s exists and no running job holds its protocol: removing %s.",
+                self.suite.name,
+                self.protocol_path,
+            )
+            self.protocol_path.unlink(missing_ok=True)
 
     def claim_protocol(self, *_cell: Any, pipeline: Any = None) -> None:
         """Check and claim this suite's protocol and record this configuration, atomically under the save_dir lock.
 
         Called by the runner right before the first cell is evaluated (idempotent), with the loaded `pipeline`
         whose backend identity joins the protocol; `release_claim` undoes a claim that no log came to back.
+        Stale claims (see the module docstring) are cleared first.
         """
         if self._holder is not None:
             return
         if pipeline is not None:
             self._backend_identity = pipeline.backend_identity()
-        with locked(self.save_dir / LOCK_FILE):
-            self.check_protocol()
-            if not self.protocol_path.exists():
+        with locked(self._lock_path):
+            self._clear_stale_claims()
+            if self.protocol_path.exists():
+                changed = self._protocol_changes()
+                if changed:
+                    live, logs = self._holds()
+                    raise ConfigError(self._refusal(changed, live, logs))
+            else:
                 write_json(self.protocol_path, self.protocol())
-            holder = self.save_dir / "protocol" / "holders" / f"{self.suite.name}.{os.getpid()}.{uuid.uuid4().hex}"
-            holder.parent.mkdir(parents=True, exist_ok=True)
-            holder.touch()
+            identity = process_identity()
+            host = re.sub(r"[^A-Za-z0-9_-]", "-", str(identity["host"]))
+            holder = (
+                self.save_dir
+                / "protocol"
+                / HOLDERS_DIR
+                / f"{self.suite.name}.{host}.{identity['pid']}.{uuid.uuid4().hex}"
+            )
+            write_json(
+                holder,
+                {
+                    "suite": self.suite.name,
+                    "config_id": self.config_id,
+                    "arm": self.arm,
+                    "claimed_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    **identity,
+                },
+            )
             self._holder = holder
+            self._holder_stop = threading.Event()
+            threading.Thread(
+                target=_refresh_holder, args=(holder, self._holder_stop), name="steer_hydra-claim", daemon=True
+            ).start()
             write_json(
                 self.save_dir / CONFIGS_DIR / f"{self.config_id}.json",
                 {
@@ -285,17 +502,17 @@ class JobPlan:
             )
 
     def release_claim(self) -> None:
-        """Drop this job's hold on the protocol; remove the claim if no log of the suite exists and nobody holds it."""
+        """Drop this job's hold on the protocol; remove the claim if no log of the suite exists and nobody (alive)
+        holds it."""
         if self._holder is None:
             return
-        with locked(self.save_dir / LOCK_FILE):
+        if self._holder_stop is not None:
+            self._holder_stop.set()
+            self._holder_stop = None
+        with locked(self._lock_path):
             self._holder.unlink(missing_ok=True)
             self._holder = None
-            others = list((self.save_dir / "protocol" / "holders").glob(f"{self.suite.name}.*"))
-            logs = any((self.save_dir / "inspect_logs").glob(f"*/trial_*/{self.suite.name}/**/*.eval"))
-            if not others and not logs:
-                logger.info("No log of suite %s was written: removing the protocol claim.", self.suite.name)
-                self.protocol_path.unlink(missing_ok=True)
+            self._clear_stale_claims()
 
     def selection(self) -> Selection:
         """The cells this job reports: its configuration and the baseline, its trials, its suite, its save_dir."""

@@ -33,7 +33,7 @@ from typing import Any
 import pandas as pd
 
 from steer_hydra.core.controls import declared_scopes
-from steer_hydra.core.files import write_json
+from steer_hydra.core.files import locked, write_json
 from steer_hydra.core.identity import canonical_json, canonical_value, derive_trial_seed, model_fingerprint
 from steer_hydra.core.rendering import has_chat_template
 from steer_hydra.core.source import ModelSource
@@ -240,7 +240,10 @@ class SteeringEval:
                             )
                             if self.before_cell is not None:
                                 self.before_cell(point.config_id, trial, suite.name, pipeline=pipeline)
-                            with _root_log_level_kept():
+                            # one job at a time per cell: a second job of this configuration waits, then resumes
+                            # the cell from its logs (nothing left to generate) instead of generating it again
+                            lock = root / "cells" / point.config_id / f"trial_{trial}" / f"{suite.name}.lock"
+                            with _root_log_level_kept(), locked(lock, on_wait=_log_cell_wait):
                                 out = suite.run(
                                     pipeline,
                                     log_dir=log_dir,
@@ -471,6 +474,11 @@ def _root_log_level_kept() -> Iterator[None]:
     finally:
         if root.level != level:
             root.setLevel(level)
+
+
+def _log_cell_wait(lock: Path) -> None:
+    """Say that this job waits for another job evaluating the same cell (it holds the cell's lock)."""
+    logger.info("Waiting for another job evaluating this cell (it holds %s); then resuming it from its logs.", lock)
 
 
 def model_label(controls: Sequence[Any], config_id: str) -> str:

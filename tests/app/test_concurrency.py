@@ -1,18 +1,22 @@
 """Concurrent jobs in one save_dir: three processes at once (different arms, same suite and seed) racing for the
-protocol claim and the shared files of a fresh save_dir."""
+protocol claim and the shared files of a fresh save_dir; two jobs of the same configuration at once evaluating
+each cell once."""
 
 from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 from app_helpers import FAST
 
 from steer_hydra.app import job as job_module
+from steer_hydra.app.plan import JobPlan
 
 ARMS = ["baseline", "pasta", "system_prompt"]
 ONE_TASK = [*FAST, "suite.tasks=[steer_hydra/short_answer]"]  # one task keeps 3 processes short
@@ -82,3 +86,44 @@ def test_parallel_jobs_into_one_save_dir_all_finish_and_equal_a_sequential_run(c
         # the baseline may still be running: the tasks it lacks are named, the others have deltas
         covered = {f"smoke/{r['task']}" for r in deltas}
         assert covered | set(record["tasks_without_baseline"]) == {"smoke/steer_hydra/short_answer"}
+
+
+def test_two_jobs_of_one_configuration_at_once_generate_each_sample_once(compose_cfg, tmp_path, monkeypatch, caplog):
+    from inspect_ai.log import list_eval_logs, read_eval_log
+
+    cfg = compose_cfg(
+        ["model=tiny", "suite.limit=2", "suite.generate_overrides.max_tokens=4", "logger=none", "progress=false"]
+        + [f"output_root={tmp_path}"]
+    )
+    plans = [JobPlan.from_config(cfg) for _ in range(2)]
+    both_claimed = threading.Barrier(2)
+    claim = JobPlan.claim_protocol
+
+    def claim_together(self, *cell, **kwargs):  # both jobs reach the cell before either evaluates it
+        claim(self, *cell, **kwargs)
+        both_claimed.wait(120)
+
+    monkeypatch.setattr(JobPlan, "claim_protocol", claim_together)
+    errors = []
+
+    def job(plan):  # what run_job does around the evaluation
+        try:
+            plan.check_protocol()
+            plan.runner().run()
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(repr(error))
+        finally:
+            plan.release_claim()
+
+    threads = [threading.Thread(target=job, args=(plan,)) for plan in plans]
+    with caplog.at_level(logging.INFO, logger="steer_hydra.evaluation.runner"):
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(300)
+    assert not errors, errors
+    assert "Waiting for another job evaluating this cell" in caplog.text
+    cell = plans[0].save_dir / "inspect_logs" / "baseline" / "trial_0" / "smoke"
+    logs = [read_eval_log(info) for info in list_eval_logs(str(cell), recursive=True)]
+    assert len(logs) == 3 and {log.status for log in logs} == {"success"}  # one log per task
+    assert sorted(len(log.samples) for log in logs) == [2, 2, 2]  # each sample generated once

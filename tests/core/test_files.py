@@ -1,15 +1,29 @@
-"""Shared save_dir files: atomic replacement, a file lock that excludes, JSON errors that name the file, CSV text."""
+"""Shared save_dir files: atomic replacement, a file lock that excludes (and says when it waits), JSON errors that
+name the file, CSV text, and telling whether the process a file names still runs."""
 
 from __future__ import annotations
 
 import csv
+import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from steer_hydra.core.files import atomic_write_text, locked, read_json, write_csv, write_json
+from steer_hydra.core.files import (
+    atomic_write_text,
+    locked,
+    on_this_host,
+    process_gone,
+    process_identity,
+    read_json,
+    write_csv,
+    write_json,
+)
 
 
 def test_atomic_write_replaces_whole_and_leaves_no_temporary(tmp_path):
@@ -41,6 +55,39 @@ def test_the_lock_excludes_a_second_holder_until_released(tmp_path):
         events.append("first done")
     thread.join(5)
     assert events == ["first done", "second"]
+
+
+def test_the_lock_says_once_when_it_waits_for_another_holder(tmp_path):
+    waits = []
+    with locked(tmp_path / ".lock", on_wait=waits.append):  # free: no wait
+        pass
+    assert waits == []
+
+    def second():
+        with locked(tmp_path / ".lock", on_wait=waits.append):
+            pass
+
+    with locked(tmp_path / ".lock"):
+        thread = threading.Thread(target=second)
+        thread.start()
+        deadline = time.monotonic() + 5
+        while not waits and time.monotonic() < deadline:
+            time.sleep(0.01)
+    thread.join(5)
+    assert waits == [tmp_path / ".lock"] and not thread.is_alive()
+
+
+def test_a_process_is_gone_when_its_pid_is_free_or_reused(tmp_path):
+    me = process_identity()
+    assert me["pid"] == os.getpid() and on_this_host(me) and not process_gone(me)
+    assert not on_this_host({**me, "host": "elsewhere"})
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    assert process_gone({**me, "pid": proc.pid, "start_time": None})  # exited and reaped
+    assert not process_gone({**me, "pid": 0}) and not process_gone({**me, "pid": None})  # nothing to check
+    if Path(f"/proc/{os.getpid()}/stat").exists():  # a pid now used by another process than the recorded one
+        assert me["start_time"] is not None
+        assert process_gone({**me, "start_time": me["start_time"] - 1})
 
 
 def test_samples_csv_round_trips_control_characters_quotes_and_emoji(tmp_path):
