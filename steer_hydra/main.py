@@ -1,20 +1,27 @@
-"""The Hydra entry point: `python -m steer_hydra [group=option ...] [--multirun ...]` runs one job per config."""
+"""The Hydra entry point: `python -m steer_hydra [group=option ...] [--multirun ...]` runs one job per config.
+
+`main` runs the Hydra app with secret values kept off the console: the values of secret-named overrides on the
+command line and of secret env vars are replaced by `***` in whatever Python writes to stdout and stderr.
+"""
 
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from steer_hydra.app.redaction import redacted_console
 from steer_hydra.app.schema import register_configs
+from steer_hydra.app.secrets import Redactor
 
 register_configs()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
-def main(cfg: DictConfig) -> float:
+def app(cfg: DictConfig) -> float:
     """Compose, evaluate one arm on one suite into the shared save_dir, track; return the headline metric."""
     from steer_hydra.app.job import run_job
     from steer_hydra.app.plan import ConfigError
@@ -25,6 +32,18 @@ def main(cfg: DictConfig) -> float:
         return run_job(cfg, HydraConfig.get().runtime.output_dir)
     except ConfigError as error:  # a config mistake: say what and how to fix it, no traceback
         sys.exit(f"steer_hydra: invalid configuration: {error}")
+
+
+def main() -> Any:
+    """`python -m steer_hydra ARGS`: the Hydra app, its console redacted of the secrets in ARGS and the env."""
+    redactor = Redactor(sys.argv[1:])
+    with redacted_console(redactor):
+        try:
+            return app()
+        except SystemExit as exited:  # its message is printed after this block: redact it here
+            if isinstance(exited.code, str) and redactor:
+                raise SystemExit(redactor.text(exited.code)) from None
+            raise
 
 
 if __name__ == "__main__":

@@ -14,9 +14,11 @@ same save_dir never appear.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +29,10 @@ from steer_hydra.app.console import job_console
 from steer_hydra.app.plan import JobPlan, to_plain
 from steer_hydra.app.report import print_report, report_text, table_title
 from steer_hydra.app.results import compare, delta_summary, headline, summary_metrics, track, write_files
-from steer_hydra.app.secrets import redact, redact_overrides
+from steer_hydra.app.secrets import Redactor, redact, redact_overrides
 from steer_hydra.app.tracking import Tracker, wandb_key
 from steer_hydra.core.files import write_json
+from steer_hydra.evaluation.provider import redact_errors_with
 
 logger = logging.getLogger(__name__)
 
@@ -124,8 +127,22 @@ def run_job(cfg: DictConfig, output_dir: str | Path) -> float:
     """Run one job; returns the headline metric (mean over tasks of each task's first metric).
 
     Prints the results table at the end; warnings are logged once each (`console.job_console`)."""
-    with job_console():
+    with job_console(), _request_errors_redacted():
         return _run_job(cfg, Path(output_dir))
+
+
+@contextlib.contextmanager
+def _request_errors_redacted() -> Iterator[None]:
+    """While the job runs, errors its requests raise lose the job's secret values before Inspect logs them."""
+    from hydra.core.hydra_config import HydraConfig
+
+    hydra_cfg = HydraConfig.get() if HydraConfig.initialized() else None
+    overrides = [*hydra_cfg.overrides.task, *hydra_cfg.overrides.hydra] if hydra_cfg is not None else []
+    redact_errors_with(Redactor([str(o) for o in overrides]).exception)
+    try:
+        yield
+    finally:
+        redact_errors_with(None)
 
 
 def _run_job(cfg: DictConfig, output_dir: Path) -> float:

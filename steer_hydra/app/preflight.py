@@ -1,26 +1,35 @@
 """Preflight: every check of a composed job config that needs no model, run before anything loads or is written.
 
 Invariants:
-- nothing here loads a model, builds a pipeline, writes a file or starts W&B; the slowest check is a Hub
-  lookup bounded by `HUB_TIMEOUT` seconds (none at all under `HF_HUB_OFFLINE=1`);
+- nothing here loads a model, builds a pipeline, writes a file or starts W&B; the slowest checks are Hub
+  lookups bounded by `HUB_TIMEOUT` seconds each (the model, and the datasets of `inspect_evals` tasks that are
+  not cached; none at all under `HF_HUB_OFFLINE=1`);
 - every problem found is reported in one `ConfigError` whose message is one line: the config key, the bad
   value, what is wrong and `Fix: ...`; several problems are numbered in the same line;
-- checks that need the model's context window use its config (`config.json` of a local or cached checkpoint,
-  the tiny model's spec, vLLM's `max_model_len`) and are skipped when it is unknown before load.
+- checks that need the model's shape (context window, number of layers and heads) use its config (`config.json`
+  of a local or cached checkpoint, the built-in models' known shapes, vLLM's `max_model_len`) and are skipped
+  when it is unknown before load;
+- names that become directories and the output directories use the same rules as the resolvers of
+  `app.schema`, which already refuse them while Hydra resolves its run and sweep directories.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
 import os
+import re
 import socket
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from omegaconf import OmegaConf
+
 from steer_hydra.app.plan import ConfigError, to_plain
+from steer_hydra.app.schema import dir_name_problem, writable_dir_problem
 from steer_hydra.app.secrets import is_secret_name
 
 HUB_TIMEOUT = 5.0  # seconds for one Hub lookup of a model id that is not cached locally
@@ -31,27 +40,65 @@ CONNECT_TIMEOUT = 3.0  # seconds to reach a vllm_serve server's port
 RESERVED_EVAL_SET_KEYS = frozenset({"tasks", "log_dir", "model", "model_args", "model_base_url", "kwargs"})
 # Names that become directory or file names: one path component each.
 PATH_NAMES = ("experiment_name", "model.name", "suite.name", "arm.name", "baseline_arm")
+OUTPUT_DIRS = ("output_root", "save_dir")  # directories a job creates and writes
+# eval_set options that decide how failures are handled; the suite sets them so that a failing sample fails alone
+# and a re-run retries it (Inspect never retries a sample that errored under fail_on_error=false or a fraction).
+FAILURE_POLICY_KEYS = ("fail_on_error", "continue_on_fail")
+SUITE_RETRY_KEYS = ("retry_attempts", "retry_on_error")  # eval_set options the suite sets from suite.<key>
 EXTRA_FOR_PACKAGE = {"inspect_evals": "pip install 'steer_hydra[evals]' (the inspect-evals package)"}
 _CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
+_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+_HEAD_KEYS = ("num_attention_heads", "n_head", "num_heads")
+SMOLLM2_SHAPE = {"num_hidden_layers": 30, "num_attention_heads": 9}  # steer_hydra:smollm2 (SmolLM2-135M-Instruct)
 _VLLM_DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 
 
 def preflight(cfg: Any) -> None:
     """Raise `ConfigError` (one line, every problem numbered) when the job config cannot work; else return."""
-    plain = to_plain(cfg)
     problems: list[str] = []
+    plain = _resolved(cfg, problems)
     for check in (
         check_path_names,
+        check_output_dirs,
+        check_trials,
         check_secrets,
         check_generation,
         check_devices,
         check_backend,
         check_model,
+        check_layers,
         check_tasks,
+        check_datasets,
     ):
-        problems.extend(check(plain))
+        problems.extend(p for p in check(plain) if p not in problems)
     if problems:
         raise ConfigError(format_problems(problems))
+
+
+def _resolved(cfg: Any, problems: list[str]) -> Mapping[str, Any]:
+    """The plain config; when `save_dir`'s interpolation refuses a name or directory, the rest of it (the refusal
+    is recorded once, and the checks below name the key it comes from)."""
+    try:
+        return to_plain(cfg)
+    except Exception as error:  # OmegaConf wraps what a resolver raises
+        refusal = _config_error_in(error)
+        if refusal is None or not OmegaConf.is_config(cfg):
+            raise
+        raw = OmegaConf.to_container(cfg, resolve=False, enum_to_str=True)
+        raw.pop("hydra", None)
+        raw["save_dir"] = None
+        problems.append(str(refusal))
+        return to_plain(OmegaConf.create(raw))
+
+
+def _config_error_in(error: BaseException | None) -> ConfigError | None:
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, ConfigError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def format_problems(problems: list[str]) -> str:
@@ -79,21 +126,34 @@ def check_path_names(plain: Mapping[str, Any]) -> list[str]:
         value = _get(plain, key)
         if value is None:
             continue
-        text = str(value)
-        bad = (
-            not text.strip()
-            or ".." in text
-            or any(sep in text for sep in ("/", "\\", os.sep, "\0"))
-            or text in (".", "~")
-            or text.startswith("~")
-        )
-        if bad:
-            problems.append(
-                f"{key}={text!r} becomes a directory name, so it must be one plain path component (no '..', "
-                f"no '/' or '\\'). Fix: {key}=<name> with letters, digits, '-', '_' or '.' (set output_root or "
-                "save_dir to choose where outputs go)."
-            )
+        problem = dir_name_problem(key, value)
+        if problem:
+            problems.append(problem)
     return problems
+
+
+def check_output_dirs(plain: Mapping[str, Any]) -> list[str]:
+    """`output_root` and `save_dir` exist as writable directories or can be created (nothing is written here)."""
+    problems = []
+    for key in OUTPUT_DIRS:
+        value = plain.get(key)
+        if value is None and key == "save_dir":  # refused by its interpolation (recorded) or not set
+            continue
+        problem = writable_dir_problem(key, value)
+        if problem:
+            problems.append(problem)
+    return problems
+
+
+def check_trials(plain: Mapping[str, Any]) -> list[str]:
+    """`num_trials` is an integer >= 1 (every trial is one evaluation of each cell)."""
+    value = plain.get("num_trials")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return [
+            f"num_trials={value!r}: each trial evaluates every task once, so there must be at least one. Fix: "
+            "num_trials=1 (or more, for repeated trials with derived seeds)."
+        ]
+    return []
 
 
 def _secret_keys(node: Any, prefix: str) -> list[str]:
@@ -175,6 +235,23 @@ def check_generation(plain: Mapping[str, Any]) -> list[str]:
     for where, key, value in generation_settings(plain):
         if key in RESERVED_EVAL_SET_KEYS:
             problems.append(f"{where} is set by steer_hydra itself and cannot be overridden. Fix: remove {where}.")
+            continue
+        if key in FAILURE_POLICY_KEYS and value is not True:  # true is what the suite sets anyway
+            problems.append(
+                f"{where}={value!r}: steer_hydra runs every task with fail_on_error=true and continue_on_fail=true, "
+                "so a failing sample fails alone (the others are scored) and re-running the command retries it; "
+                "Inspect never retries a sample that errored under a tolerated fail_on_error (false or a fraction), "
+                f"so re-running would keep the failure. Fix: remove {where}; to retry failing samples more, set "
+                "suite.retry_on_error=N (immediate retries of a sample) or suite.retry_attempts=N (task retries "
+                "that re-run only the failed samples)."
+            )
+            continue
+        if key in SUITE_RETRY_KEYS:
+            problems.append(
+                f"{where}={value!r}: the retry policy is the suite's own setting (it is not part of the save_dir "
+                f"protocol, so changing it never invalidates earlier logs). Fix: suite.{key}={value} instead of "
+                f"{where}."
+            )
             continue
         if key not in generate_keys and key not in eval_set_keys:
             near = sorted(k for k in generate_keys | eval_set_keys if key[:4] in k or k[:4] in key)[:5]
@@ -409,22 +486,27 @@ def _hub_lookup(ref: str, where: str) -> list[str]:
     return []
 
 
-def model_context(plain: Mapping[str, Any]) -> tuple[int, str] | None:
-    """`(tokens, where it comes from)` of the model's context window when known without loading, else None."""
-    max_model_len = _get(plain, "backend.options.max_model_len")
-    if isinstance(max_model_len, int) and not isinstance(max_model_len, bool):
-        return max_model_len, "backend.options.max_model_len"
+def model_config(plain: Mapping[str, Any]) -> tuple[Mapping[str, Any], str] | None:
+    """`(config fields, model reference)` of the model when readable without loading it (no transformers import):
+    the built-in models' known shapes, `config.json` of a local folder or of a Hub id in the local cache."""
     ref = _get(plain, "model.model_name_or_path")
     if not isinstance(ref, str) or not ref:
         return None
-    config: Mapping[str, Any] | None = None
+    config: Any = None
     try:
         if ref.startswith("steer_hydra:"):
-            from steer_hydra.models import is_tiny_reference
+            from steer_hydra.models import is_smollm2_reference, is_tiny_reference
             from steer_hydra.models.tiny import parse_tiny_reference
 
             if is_tiny_reference(ref):
-                config = {"max_position_embeddings": parse_tiny_reference(ref).max_position_embeddings}
+                spec = parse_tiny_reference(ref)
+                config = {
+                    "max_position_embeddings": spec.max_position_embeddings,
+                    "num_hidden_layers": spec.num_hidden_layers,
+                    "num_attention_heads": spec.num_attention_heads,
+                }
+            elif is_smollm2_reference(ref):
+                config = SMOLLM2_SHAPE
         elif (Path(ref).expanduser() / "config.json").is_file():
             config = json.loads((Path(ref).expanduser() / "config.json").read_text())
         elif not _looks_local(ref):
@@ -432,13 +514,103 @@ def model_context(plain: Mapping[str, Any]) -> tuple[int, str] | None:
             config = json.loads(Path(cached).read_text()) if cached else None
     except (ValueError, OSError):
         return None
-    if not isinstance(config, Mapping):
-        return None
-    for key in _CONTEXT_KEYS:
-        value = config.get(key) or (config.get("text_config") or {}).get(key)
-        if isinstance(value, int) and value > 0:
-            return value, f"{key} of {ref}"
+    return (config, ref) if isinstance(config, Mapping) else None
+
+
+def _config_int(config: Mapping[str, Any], keys: tuple[str, ...]) -> tuple[int, str] | None:
+    """The first positive integer among `keys` (top level, then a multimodal model's `text_config`)."""
+    text_config = config.get("text_config")
+    for key in keys:
+        value = config.get(key)
+        if value is None and isinstance(text_config, Mapping):
+            value = text_config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value, key
     return None
+
+
+def model_context(plain: Mapping[str, Any]) -> tuple[int, str] | None:
+    """`(tokens, where it comes from)` of the model's context window when known without loading, else None."""
+    max_model_len = _get(plain, "backend.options.max_model_len")
+    if isinstance(max_model_len, int) and not isinstance(max_model_len, bool):
+        return max_model_len, "backend.options.max_model_len"
+    found = model_config(plain)
+    context = _config_int(found[0], _CONTEXT_KEYS) if found else None
+    return (context[0], f"{context[1]} of {found[1]}") if context and found else None
+
+
+def model_shape(plain: Mapping[str, Any]) -> tuple[int, int | None, str] | None:
+    """`(decoder layers, attention heads or None, where it comes from)` when known without loading, else None."""
+    found = model_config(plain)
+    layers = _config_int(found[0], _LAYER_KEYS) if found else None
+    if not found or not layers:
+        return None
+    heads = _config_int(found[0], _HEAD_KEYS)
+    return layers[0], heads[0] if heads else None, f"{layers[1]} of {found[1]}"
+
+
+# ---------------------------------------------------------------------------------------------- control layers
+def _control_layers(slot: str, node: Mapping[str, Any]) -> list[tuple[str, int, list[int]]]:
+    """`(config key, layer, heads)` of every decoder layer a state control's args name: `layer_id` (CAA, ActAdd)
+    and `head_config` (PASTA: a list of layers, or `{layer: [heads]}`). Malformed entries are left to the control's
+    own validation."""
+    base = f"arm.controls.{slot}"
+    found: list[tuple[str, int, list[int]]] = []
+    layer_id = node.get("layer_id")
+    if isinstance(layer_id, int) and not isinstance(layer_id, bool):
+        found.append((f"{base}.layer_id", layer_id, []))
+    head_config = node.get("head_config")
+    if isinstance(head_config, Mapping):
+        for key, heads in head_config.items():
+            layer = _as_int(key)
+            if layer is not None:
+                listed = [h for h in (heads or []) if isinstance(h, int) and not isinstance(h, bool)]
+                found.append((f"{base}.head_config", layer, listed if isinstance(heads, list) else []))
+    elif isinstance(head_config, list):
+        found.extend((f"{base}.head_config", layer, []) for layer in map(_as_int, head_config) if layer is not None)
+    return found
+
+
+def _as_int(value: Any) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    return None
+
+
+def check_layers(plain: Mapping[str, Any]) -> list[str]:
+    """Layer (and head) indices of state controls exist in the model, read from its config without loading it."""
+    controls = _get(plain, "arm.controls") or {}
+    named = [
+        entry
+        for slot, node in controls.items()
+        if isinstance(node, Mapping) and node.get("enabled", True) is not False
+        for entry in _control_layers(str(slot), node)
+    ]
+    shape = model_shape(plain) if named else None
+    if shape is None:
+        return []
+    layers, heads, source = shape
+    problems = []
+    for where, layer, listed in named:
+        if not 0 <= layer < layers:
+            if where.endswith(".layer_id"):
+                what, fix = f"{where}={layer} is out of range", f"{where}=<0..{layers - 1}> (or null for its default)"
+            else:
+                what, fix = f"{where} names layer {layer}", f"layers 0..{layers - 1} in {where}"
+            problems.append(
+                f"{what}: the model has {layers} decoder layers (0..{layers - 1}; {source}). Fix: {fix}; "
+                "choose layers per model in conf/arm_model/<arm>_<model>.yaml."
+            )
+            continue
+        bad = [h for h in listed if heads is not None and not 0 <= h < heads]
+        if bad:
+            problems.append(
+                f"{where} names heads {bad} of layer {layer}, but the model has {heads} attention heads per layer "
+                f"(0..{heads - 1}; {source}). Fix: heads 0..{heads - 1} in {where}."
+            )
+    return problems
 
 
 # ---------------------------------------------------------------------------------------------- tasks
@@ -485,3 +657,128 @@ def _task_problem(name: str) -> str | None:
             "inspect_evals/gsm8k) or a file reference path/to/task.py@name."
         )
     return None
+
+
+# ---------------------------------------------------------------------------------------------- catalog datasets
+# The Hub datasets of the catalog tasks the packaged suites use; other `inspect_evals` tasks are read from their
+# source (`catalog_datasets`).
+CATALOG_DATASETS: dict[str, tuple[str, ...]] = {
+    "inspect_evals/gsm8k": ("openai/gsm8k",),
+    "inspect_evals/mmlu_0_shot": ("cais/mmlu",),
+    "inspect_evals/mmlu_5_shot": ("cais/mmlu",),
+    "inspect_evals/arc_challenge": ("allenai/ai2_arc",),
+    "inspect_evals/arc_easy": ("allenai/ai2_arc",),
+    "inspect_evals/ifeval": ("google/IFEval",),
+}
+CATALOG_PACKAGE = "inspect_evals"
+_DATASET_ID = r"[\w.-]+/[\w.-]+"
+_DATASET_IN_SOURCE = (
+    re.compile(rf"(?:hf_dataset|load_dataset|snapshot_download)\(\s*(?:path\s*=\s*)?[\"']({_DATASET_ID})[\"']"),
+    re.compile(rf"\b[A-Z_]*DATASET[A-Z_]*\s*(?::\s*str\s*)?=\s*[\"']({_DATASET_ID})[\"']"),
+)
+
+
+def catalog_installed() -> bool:
+    """Whether the `inspect_evals` package (the `evals` extra) is importable."""
+    return importlib.util.find_spec(CATALOG_PACKAGE) is not None
+
+
+def datasets_in_source(folder: Path) -> tuple[str, ...]:
+    """Hub dataset ids a task package's source loads (`hf_dataset("org/name", ...)`, `DATASET_PATH = "org/name"`)."""
+    found: list[str] = []
+    for file in sorted(folder.glob("*.py")):
+        try:
+            text = file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        for pattern in _DATASET_IN_SOURCE:
+            found.extend(m for m in pattern.findall(text) if m not in found)
+    return tuple(found)
+
+
+def catalog_datasets(task: str) -> tuple[str, ...]:
+    """The Hub datasets an installed `inspect_evals/...` task loads (empty when unknown: then nothing is checked)."""
+    if task in CATALOG_DATASETS:
+        return CATALOG_DATASETS[task]
+    from inspect_ai._util.registry import registry_lookup
+
+    try:
+        source = inspect.getsourcefile(registry_lookup("task", task))
+    except Exception:  # noqa: BLE001 - an unknown task is check_tasks' finding; its data then goes unchecked
+        return ()
+    return datasets_in_source(Path(source).parent) if source else ()
+
+
+def dataset_cached(repo_id: str) -> bool:
+    """Whether a Hub dataset is in a local cache: the Hub's (`hf download --repo-type dataset`), the `datasets`
+    library's (a load that once ran online) or Inspect's own copy of a loaded split."""
+    from huggingface_hub import constants
+
+    org, _, name = repo_id.partition("/")
+    snapshots = Path(constants.HF_HUB_CACHE) / f"datasets--{org}--{name}" / "snapshots"
+    if snapshots.is_dir() and any(snapshots.iterdir()):
+        return True
+    datasets_cache = os.environ.get("HF_DATASETS_CACHE") or os.path.join(constants.HF_HOME, "datasets")
+    if (Path(datasets_cache) / f"{org}___{name}").is_dir():
+        return True
+    from inspect_ai._util.appdirs import inspect_cache_dir
+    from inspect_ai._util.file import safe_filename
+
+    inspect_cache = inspect_cache_dir("hf_datasets", create=False)
+    return inspect_cache.is_dir() and any(inspect_cache.glob(f"{safe_filename(repo_id)}-*"))
+
+
+def _datasets_offline() -> bool:
+    return _hub_offline() or os.environ.get("HF_DATASETS_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
+
+
+def _hub_dataset_unreachable(repo_id: str) -> tuple[str, bool] | None:
+    """`(why the Hub cannot serve repo_id now, whether the Hub itself is unreachable)`; None when it answers
+    within `HUB_TIMEOUT`."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    try:
+        HfApi().dataset_info(repo_id, timeout=HUB_TIMEOUT)
+    except GatedRepoError:
+        return "it is gated on the Hub and this machine has no access (accept its terms, then hf auth login)", False
+    except RepositoryNotFoundError:
+        return "the Hub has no such dataset (or it is private)", False
+    except Exception as error:  # noqa: BLE001 - network: unreachable, DNS, timeout
+        return f"the Hub did not answer within {HUB_TIMEOUT:.0f}s ({type(error).__name__})", True
+    return None
+
+
+def check_datasets(plain: Mapping[str, Any]) -> list[str]:
+    """The datasets of the suite's installed `inspect_evals` tasks are cached locally or reachable on the Hub."""
+    tasks = [str(t) for t in _get(plain, "suite.tasks") or [] if str(t).startswith(f"{CATALOG_PACKAGE}/")]
+    if not tasks or not catalog_installed():  # not installed: check_tasks says so
+        return []
+    uncached: dict[str, list[str]] = {}  # dataset -> the tasks that load it
+    for task in tasks:
+        for repo_id in catalog_datasets(task):
+            if not dataset_cached(repo_id):
+                uncached.setdefault(repo_id, []).append(task)
+    reasons: dict[str, str] = {}  # dataset -> why it cannot be fetched now
+    hub_down = "HF_HUB_OFFLINE=1 (or HF_DATASETS_OFFLINE=1) forbids downloading it" if _datasets_offline() else None
+    for repo_id in uncached:
+        if hub_down is not None:  # one lookup that found no Hub is enough for every dataset
+            reasons[repo_id] = hub_down
+            continue
+        found = _hub_dataset_unreachable(repo_id)
+        if found is not None:
+            reasons[repo_id] = found[0]
+            hub_down = found[0] if found[1] else None
+    if not reasons:
+        return []
+    by_reason: dict[str, list[str]] = {}
+    for repo_id, reason in reasons.items():
+        by_reason.setdefault(reason, []).extend(f"{task} ({repo_id})" for task in dict.fromkeys(uncached[repo_id]))
+    listed = "; ".join(f"{', '.join(users)}: {reason}" for reason, users in by_reason.items())
+    fetch = "; ".join(f"hf download --repo-type dataset {repo_id}" for repo_id in reasons)
+    suite = _get(plain, "suite.name") or "this suite"
+    return [
+        f"suite.tasks: the task data is not in the local Hugging Face cache ({listed}), so suite {suite!r} would fail "
+        "after the model loads. Fix: suite=capability_offline (built-in tasks, no download), or fetch the data "
+        f"once with network: run this command online once, or {fetch}."
+    ]

@@ -1,28 +1,41 @@
-"""Hydra callback that keeps secret override values out of `.hydra/`, the sweep's `multirun.yaml` and the console.
+"""Hydra callback and console guard that keep secret values out of files, pickles and the console.
 
 How it runs (Hydra 1.3.8):
 - `hydra.output_subdir` is null in `config.yaml`, so Hydra itself writes no config copies; `on_job_start` writes
   `config.yaml`, `hydra.yaml` and `overrides.yaml` into `<job dir>/<output_subdir>` (default `.hydra`) with the
   values of secret-named overrides (`+api_token=...`), secret-named keys and secret env values replaced by
   `***`. A user who sets `hydra.output_subdir` back gets Hydra's copies overwritten the same way.
+- `on_multirun_start` runs before the sweeper reads `hydra.overrides.task`: each secret-named override's value
+  moves into an environment variable of this process (`STEER_HYDRA_SECRET_<KEY>`, inherited by the processes
+  and cluster jobs the launcher starts) and the override, the sweep config's node and `override_dirname` become
+  `${oc.env:STEER_HYDRA_SECRET_<KEY>}`. Every launcher then pickles and records only the reference (submitit's
+  `.submitit/*.pkl`); the job resolves it in memory. `on_multirun_end` removes the variables.
 - A sweep's `multirun.yaml` is written by the launcher before any job: the first `on_job_start` of the sweep
   (and `on_multirun_end`) rewrites it redacted, atomically.
-- `on_run_start` / `on_multirun_start` install a log-record factory that redacts those values from every log
-  line, so the launcher's `#0 : +api_token=...` line prints `***`.
+- `on_run_start` / `on_multirun_start` / `on_job_start` install a log-record factory that redacts those values
+  from every log line, so the launcher's `#0 : +api_token=...` line prints no value.
+- `on_job_end` runs before Hydra reads the job's result: it redacts the overrides Hydra prints with a failed job
+  (`Error executing job with overrides: [...]`, and the same list in submitit's result pickle) and the secret
+  values in the failed job's exception messages.
+- `redacted_console` (used by `steer_hydra.main`) redacts what Python writes to stdout and stderr while the app
+  runs: Hydra's own error messages (a composition error quotes the override line), tracebacks, `--cfg` output.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-import tempfile
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from steer_hydra.app.secrets import Redactor
+from steer_hydra.app.secrets import Redactor, move_to_environment
+from steer_hydra.core.files import atomic_write_text
 
 logger = logging.getLogger(__name__)
 
@@ -45,14 +58,6 @@ def redacted_yaml(node: Any, redactor: Redactor) -> str:
     if OmegaConf.is_config(node):
         node = OmegaConf.to_container(node, resolve=False, enum_to_str=True)
     return OmegaConf.to_yaml(OmegaConf.create(redactor.value(node)))
-
-
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
 
 
 def install_log_redaction(redactor: Redactor) -> None:
@@ -82,17 +87,97 @@ def install_log_redaction(redactor: Redactor) -> None:
     logging.setLogRecordFactory(factory)
 
 
+class _RedactingStream:
+    """A text stream that writes through `redactor`; every other attribute is the wrapped stream's."""
+
+    def __init__(self, stream: Any, redactor: Redactor) -> None:
+        self._stream = stream
+        self._redactor = redactor
+
+    def write(self, text: Any) -> Any:
+        if not isinstance(text, str):
+            return self._stream.write(text)
+        self._stream.write(self._redactor.text(text))
+        return len(text)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def redacted_console(redactor: Redactor) -> Iterator[None]:
+    """Redact `redactor`'s secrets from what Python writes to `sys.stdout` and `sys.stderr` inside the block (output
+    written straight to the file descriptors, by C code or child processes, is not seen)."""
+    if not redactor:
+        yield
+        return
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _RedactingStream(sys.stdout, redactor), _RedactingStream(sys.stderr, redactor)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
+def move_secrets_to_environment(config: DictConfig) -> list[str]:
+    """Move the values of the sweep config's secret-named overrides into environment variables of this process.
+
+    Each such override in `hydra.overrides.task` / `hydra.overrides.hydra` becomes one that reads
+    `${oc.env:STEER_HYDRA_SECRET_<KEY>}` (a sweep: one variable per value), and so do the config node it set and
+    `hydra.job.override_dirname`. Returns the names of the variables set.
+    """
+    names: list[str] = []
+    taken: set[str] = set()
+    dirname_key = "hydra.job.override_dirname"
+    kv_sep = str(OmegaConf.select(config, "hydra.job.config.override_dirname.kv_sep", default="="))
+    for group in ("task", "hydra"):
+        lines = OmegaConf.select(config, f"hydra.overrides.{group}")
+        if lines is None:
+            continue
+        for index, line in enumerate(OmegaConf.to_container(lines, resolve=False)):
+            moved = move_to_environment(str(line), taken)
+            if moved is None:
+                continue
+            os.environ.update(moved.environ)
+            names += list(moved.environ)
+            with read_write(lines):
+                lines[index] = moved.line
+            dirname = OmegaConf.select(config, dirname_key)
+            if isinstance(dirname, str):
+                _set(config, dirname_key, dirname.replace(line.replace("=", kv_sep), moved.line.replace("=", kv_sep)))
+            if moved.reference is not None and _holds(config, moved.key):
+                _set(config, moved.key, moved.reference)
+    return names
+
+
+def _holds(config: DictConfig, key: str) -> bool:
+    return OmegaConf.select(config, key, throw_on_resolution_failure=False) is not None
+
+
+def _set(config: DictConfig, key: str, value: Any) -> None:
+    parent_key, _, leaf = key.rpartition(".")
+    parent = OmegaConf.select(config, parent_key) if parent_key else config
+    with read_write(parent), open_dict(parent):
+        parent[leaf] = value
+
+
 class RedactSecrets(Callback):
     """Writes the job's config copies redacted, redacts the sweep's multirun.yaml and the console lines."""
 
     def __init__(self, output_subdir: str = ".hydra") -> None:
         self.output_subdir = output_subdir
+        self.environ_names: list[str] = []  # the variables this sweep's secrets moved into (names only)
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         install_log_redaction(redactor_for(config))
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         install_log_redaction(redactor_for(config))
+        self.environ_names = move_secrets_to_environment(config)
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         redactor = redactor_for(config)
@@ -100,15 +185,26 @@ class RedactSecrets(Callback):
         out = Path(str(config.hydra.runtime.output_dir)) / str(config.hydra.output_subdir or self.output_subdir)
         task_cfg = OmegaConf.to_container(config, resolve=False, enum_to_str=True)
         task_cfg.pop("hydra", None)
-        write_atomic(out / "config.yaml", redacted_yaml(task_cfg, redactor))
-        write_atomic(out / "hydra.yaml", redacted_yaml(OmegaConf.masked_copy(config, "hydra"), redactor))
-        write_atomic(out / "overrides.yaml", redacted_yaml(config.hydra.overrides.task, redactor))
+        atomic_write_text(out / "config.yaml", redacted_yaml(task_cfg, redactor))
+        atomic_write_text(out / "hydra.yaml", redacted_yaml(OmegaConf.masked_copy(config, "hydra"), redactor))
+        atomic_write_text(out / "overrides.yaml", redacted_yaml(config.hydra.overrides.task, redactor))
         mode = OmegaConf.select(config, "hydra.mode")
         if getattr(mode, "name", str(mode)) == "MULTIRUN":
             self._redact_multirun_yaml(config)
 
+    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        redactor = redactor_for(config)
+        if getattr(job_return, "overrides", None) is not None:
+            job_return.overrides = redactor.argv([str(o) for o in job_return.overrides])
+        error = getattr(job_return, "_return_value", None)  # read without `return_value`, which prints the overrides
+        if isinstance(error, BaseException):
+            redactor.exception(error)
+
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         self._redact_multirun_yaml(config)
+        for name in self.environ_names:
+            os.environ.pop(name, None)
+        self.environ_names = []
 
     def _redact_multirun_yaml(self, config: DictConfig) -> None:
         path = Path(str(OmegaConf.select(config, "hydra.sweep.dir"))) / "multirun.yaml"
@@ -120,4 +216,4 @@ class RedactSecrets(Callback):
         )
         text = redacted_yaml(saved, redactor)
         if text != path.read_text(encoding="utf-8"):
-            write_atomic(path, text)
+            atomic_write_text(path, text)

@@ -1,21 +1,33 @@
-"""Structured configs (ConfigStore schemas) that validate every config group before any model loads.
+"""Structured configs (ConfigStore schemas) that validate every config group before any model loads, and the
+resolvers that guard the directories a job creates.
 
 The primary config `config.yaml` extends `steer_hydra_schema`, so each group option is merged into a typed node:
 an unknown key, a wrong type or a value outside a closed set fails at compose time with OmegaConf's message
 (which names the key and, for enums, the valid values). Control arguments are validated by instantiating the
 controls (their `Args` dataclasses), still before any model loads.
+
+Directories: Hydra creates the job's run (or sweep) directory before the job function runs, so the names that
+become directories are checked while Hydra resolves those paths. `config.yaml` builds `hydra.run.dir`,
+`hydra.sweep.dir`, `hydra.sweep.subdir` and `save_dir` through two resolvers registered here:
+`${steer_hydra.dir_name:KEY}` (the value of KEY, refused unless it is one plain path component) and
+`${steer_hydra.writable_dir:KEY}` (the value of KEY, refused unless that directory exists writable or can be
+created). A refusal while Hydra resolves one of its own keys (`hydra.*`) exits at once with the one-line
+`steer_hydra: invalid configuration: ...` message, before any directory exists (Hydra prints any exception
+raised there with a traceback); elsewhere (`save_dir`) it raises `ConfigError`, which pre-flight reports.
 """
 
 from __future__ import annotations
 
 import enum
+import os
+import sys
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional  # noqa: UP035  (OmegaConf needs typing.Optional/Dict/List)
 
 from hydra.core.config_store import ConfigStore
 from inspect_ai.util import DisplayType
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 from steer_hydra.core.backend import BACKENDS
 from steer_hydra.core.params import DEFAULT_SEED_SCOPE, SEED_SCOPES
@@ -139,10 +151,94 @@ class AppConfig:
 
 
 SCHEMA_NAME = "steer_hydra_schema"
+DIR_NAME_RESOLVER = "steer_hydra.dir_name"
+WRITABLE_DIR_RESOLVER = "steer_hydra.writable_dir"
+INVALID_CONFIGURATION = "steer_hydra: invalid configuration: "  # the prefix of every refused command's line
+
+
+def dir_name_problem(key: str, value: Any) -> str | None:
+    """Why `value` of `key` cannot be one directory name (None when it can): no `..`, no separator, not empty."""
+    text = "" if value is None else str(value)
+    bad = (
+        not text.strip()
+        or ".." in text
+        or any(sep in text for sep in ("/", "\\", os.sep, "\0"))
+        or text in (".", "~")
+        or text.startswith("~")
+    )
+    if not bad:
+        return None
+    return (
+        f"{key}={text!r} becomes a directory name, so it must be one plain path component (no '..', no '/' or "
+        f"'\\', not empty). Fix: {key}=<name> with letters, digits, '-', '_' or '.' (set output_root or save_dir to "
+        "choose where outputs go)."
+    )
+
+
+def writable_dir_problem(key: str, value: Any) -> str | None:
+    """Why the directory `value` of `key` cannot be written (None when it exists writable or can be created).
+
+    Writes nothing: the nearest existing ancestor must be a directory this user may write to (`os.access`).
+    """
+    text = "" if value is None else str(value)
+    if not text.strip():
+        return f"{key} is empty, so outputs would land at the filesystem root. Fix: {key}=<a writable directory>."
+    target = os.path.abspath(text)
+    probe = target
+    while not os.path.lexists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    fix = f"Fix: {key}=<a directory you can write to>" + (" (or save_dir=...)." if key == "output_root" else ".")
+    if not os.path.isdir(probe):
+        what = "the directory" if probe == target else f"its parent {probe!r}"
+        return f"{key}={text!r} cannot be created: {what} is a file, not a directory. {fix}"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        where = "it" if probe == target else f"its nearest existing parent {probe!r}"
+        return f"{key}={text!r} is not writable: {where} does not allow this user to write. {fix}"
+    return None
+
+
+def _refuse(problem: str, node: Any) -> None:
+    """Exit with the one-line message while Hydra resolves its own directories, else raise `ConfigError`."""
+    full_key = node._get_full_key(None) if hasattr(node, "_get_full_key") else ""
+    if str(full_key).startswith("hydra."):
+        # Hydra resolves hydra.run.dir / hydra.sweep.* inside its error reporter, which prints a traceback for any
+        # exception; a SystemExit passes it (and OmegaConf) untouched, before the directory is created.
+        sys.exit(INVALID_CONFIGURATION + problem)
+    from steer_hydra.app.plan import ConfigError
+
+    raise ConfigError(problem)
+
+
+def _dir_name(key: str, _node_: Any, _root_: Any) -> Any:
+    value = OmegaConf.select(_root_, key, throw_on_missing=True)
+    problem = dir_name_problem(key, value)
+    if problem:
+        _refuse(problem, _node_)
+    return value
+
+
+def _writable_dir(key: str, _node_: Any, _root_: Any) -> Any:
+    value = OmegaConf.select(_root_, key, throw_on_missing=True)
+    problem = writable_dir_problem(key, value)
+    if problem:
+        _refuse(problem, _node_)
+    return value
+
+
+def register_resolvers() -> None:
+    """Register `steer_hydra.dir_name` and `steer_hydra.writable_dir` (idempotent; see the module docstring)."""
+    for name, resolver in ((DIR_NAME_RESOLVER, _dir_name), (WRITABLE_DIR_RESOLVER, _writable_dir)):
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, resolver)
 
 
 def register_configs() -> None:
-    """Store the schemas (idempotent): the primary schema and one per group for user-defined options."""
+    """Store the schemas (idempotent): the primary schema and one per group for user-defined options; register the
+    directory resolvers `config.yaml` uses."""
+    register_resolvers()
     store = ConfigStore.instance()
     store.store(name=SCHEMA_NAME, node=AppConfig)
     for group, node in (

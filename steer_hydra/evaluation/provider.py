@@ -22,6 +22,13 @@ Contract:
 - Batching (`ProviderOptions.batching`): "refill" (or "auto": refill where the pipeline allows it) decodes every
   request in one loop that refills a finished row's slot at once (`refill_serving.RefillCollator`); "static"
   (the default) runs each batch until its longest row ends (`batching.LockLeaderCollator`).
+- Errors: every error a request raises passes through the function given to `redact_errors_with` (the app's
+  removes secret values in place) before Inspect records it in the sample's log.
+- Context window: when the pipeline holds a local model whose config states its context window
+  (`max_position_embeddings`, ...), a request whose prompt tokens (the conversation under the chat template, or
+  the rendered text, before input controls adapt it) plus its `max_tokens` exceed it raises `PromptTooLongError`
+  before it is queued: that sample fails alone, named, and the others are served. Backends without a local model
+  (vLLM, a server) leave the check to the engine, which refuses such a prompt itself.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from inspect_ai.model import (
 
 from steer_hydra.core.controls import runtime_kwargs_schema
 from steer_hydra.core.output import truncate_at_stop_strings
+from steer_hydra.core.pipeline import RESERVED_TEMPLATE_KWARGS
 from steer_hydra.core.rendering import has_chat_template, render_messages
 from steer_hydra.evaluation.batching import LockLeaderCollator
 from steer_hydra.evaluation.options import POLICY_CHECKED_FIELDS, REFUSED_FIELDS, ProviderOptions
@@ -72,12 +80,42 @@ DEFAULT_MODEL_NAME = "steering-pipeline"
 RUNTIME_KWARGS_EXTRA_BODY_KEY = "runtime_kwargs"
 
 _STOP_REASONS = {"length": "max_tokens", "stop": "stop", "eos": "stop"}
+_CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
 
 _GENERATION_ONLY = (
     "The steer_hydra provider is generation-only: it evaluates open-ended generations of a steering pipeline "
     "(output controls such as decoding drivers define no per-token distribution), so tools, tool messages, "
     "logprobs and non-text content are not supported. Use a non-agentic, text-only task."
 )
+
+
+class PromptTooLongError(ValueError):
+    """A request whose prompt plus `max_tokens` does not fit the model's context window (that sample fails)."""
+
+
+def context_window(pipeline: Any) -> tuple[int, str] | None:
+    """`(tokens, config field)` of the context window of the pipeline's loaded local model, from its config; None
+    when the pipeline holds no local model (vLLM, a server) or its config does not say."""
+    config = getattr(getattr(pipeline, "model", None), "config", None)
+    if config is None:
+        return None
+    for source in (config, getattr(config, "text_config", None)):
+        for name in _CONTEXT_FIELDS:
+            value = getattr(source, name, None) if source is not None else None
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value, name
+    return None
+
+
+# Called on every error a request raises, before Inspect records it in the sample's log: the app passes one that
+# removes secret values in place (`redact_errors_with`).
+_error_redactor: Callable[[BaseException], None] | None = None
+
+
+def redact_errors_with(redact: Callable[[BaseException], None] | None) -> None:
+    """Pass every error a request raises through `redact` (in place) before Inspect records it; None: leave them."""
+    global _error_redactor
+    _error_redactor = redact
 
 
 # called as builder(model_args, model_name): the name after `steer_hydra/` lets the builder check or infer the arm
@@ -184,6 +222,7 @@ class SteeringPipelineModelAPI(ModelAPI):
             self._tokenizer, options.reasoning_tags, options.reasoning_split
         )
         self._batching = self._resolve_batching(pipeline, options.batching)
+        self._context = context_window(pipeline)
         collator_class = RefillCollator if self._batching == "refill" else LockLeaderCollator
         self._collator = collator_class(
             pipeline,
@@ -285,6 +324,14 @@ class SteeringPipelineModelAPI(ModelAPI):
         tool_choice: ToolChoice,
         config: GenerateConfig,
     ) -> ModelOutput:
+        try:
+            return await self._generate(input, tools, config)
+        except Exception as error:
+            if _error_redactor is not None:
+                _error_redactor(error)
+            raise
+
+    async def _generate(self, input: list[ChatMessage], tools: list[ToolInfo], config: GenerateConfig) -> ModelOutput:
         if self._collator.closed:
             raise RuntimeError("The steer_hydra provider is closed; build a new model with as_inspect_model().")
         if tools:
@@ -295,9 +342,39 @@ class SteeringPipelineModelAPI(ModelAPI):
         prompt: Any = conversation
         if self._prompt_path == "text":
             prompt = render_messages(self._tokenizer, conversation)
+        self._check_context(prompt, gen_kwargs.get("max_new_tokens", self._options.default_max_tokens))
         record = self._collator.admit(prompt, gen_kwargs, per_sample, num_choices)
         output = await self._collator.serve(record)
         return self._assemble_model_output(output, stop_strings=gen_kwargs.get("stop_strings", ()))
+
+    def prompt_tokens(self, prompt: Any) -> int:
+        """Tokens of one prompt as the pipeline tokenizes it (chat template or plain text), before input controls."""
+        if self._prompt_path == "text":
+            return len(self._tokenizer(prompt)["input_ids"])
+        template_kwargs = {
+            k: v for k, v in (self._options.chat_template_kwargs or {}).items() if k not in RESERVED_TEMPLATE_KWARGS
+        }
+        encoded = self._tokenizer.apply_chat_template(
+            prompt, add_generation_prompt=True, tokenize=True, return_dict=True, **template_kwargs
+        )
+        return len(encoded["input_ids"])
+
+    def _check_context(self, prompt: Any, max_tokens: int | None) -> None:
+        """Raise `PromptTooLongError` when the prompt plus `max_tokens` exceed the model's context window."""
+        if self._context is None:
+            return
+        context, field = self._context
+        try:
+            tokens = self.prompt_tokens(prompt)
+        except Exception:  # noqa: BLE001 - a prompt the template refuses as given is the pipeline's to judge
+            return
+        wanted = tokens + int(max_tokens or 0)
+        if wanted > context:
+            raise PromptTooLongError(
+                f"The prompt is {tokens} tokens and max_tokens is {max_tokens}: {wanted} tokens exceed the model's "
+                f"context window of {context} tokens ({field}), so this sample is not generated. Fix: shorten the "
+                "input, lower max_tokens (suite.generate_overrides.max_tokens), or use a model with a longer context."
+            )
 
     def _convert_input(self, input: str | Sequence[ChatMessage]) -> list[dict[str, str]]:
         """Inspect messages to `{"role", "content": str}` dicts; refuses tools and non-text content."""

@@ -1,4 +1,4 @@
-"""Helpers for the app tests: fast job overrides, and reading an offline W&B run's record file.
+"""Helpers for the app tests: fast job overrides, reading an offline W&B run's record file, finding a secret in files.
 
 `read_run` reads an offline W&B run's record file (`run-*.wandb`) back: the config and summary W&B itself stored.
 
@@ -10,6 +10,9 @@ mode, so tests check what W&B recorded here.
 from __future__ import annotations
 
 import json
+import struct
+import zipfile
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -77,3 +80,36 @@ def sweep_dir(root: Path) -> Path:
 def job_records(sweep: Path) -> list[dict]:
     """The job records of a sweep, in job order."""
     return [json.loads(p.read_text()) for p in sorted(sweep.glob("*/job_record.json"))]
+
+
+def zip_members(path: Path) -> list[tuple[str, bytes]]:
+    """Every member of a zip, decompressed (Inspect writes `.eval` members with zstd, which zipfile can't read)."""
+    import zstandard
+
+    members = []
+    raw = path.read_bytes()
+    with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+            name_len, extra_len = struct.unpack("<HH", raw[info.header_offset + 26 : info.header_offset + 30])
+            start = info.header_offset + 30 + name_len + extra_len
+            data = raw[start : start + info.compress_size]
+            if info.compress_type == zipfile.ZIP_DEFLATED:
+                data = zlib.decompress(data, -15)
+            elif info.compress_type == 93:  # zstd
+                data = zstandard.ZstdDecompressor().stream_reader(data).read()
+            members.append((info.filename, data))
+    return members
+
+
+def files_holding(root: Path, secrets: tuple[str, ...]) -> list[str]:
+    """Every file under root (hidden folders such as `.submitit/` included, and every member of every readable
+    `.eval` zip) whose bytes contain one of `secrets`."""
+    hits = []
+    for path in root.rglob("*"):
+        if not path.is_file():
+            continue
+        blobs = [(str(path), path.read_bytes())]
+        if path.suffix == ".eval" and zipfile.is_zipfile(path):
+            blobs += [(f"{path}!{name}", data) for name, data in zip_members(path)]
+        hits += [where for where, data in blobs for s in secrets if s.encode() in data]
+    return hits

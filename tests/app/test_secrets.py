@@ -1,20 +1,85 @@
-"""No secret is written: override values of secret-named keys stay out of every file, the console and W&B."""
+"""No secret is written: override values of secret-named keys stay out of every file, pickle, the console and W&B,
+whatever fails; a sweep's jobs read them from the environment and still get the real values."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
-import zipfile
+import os
 from pathlib import Path
 
 import pytest
-from app_helpers import FAST, read_run
+from app_helpers import files_holding, read_run, zip_members
+from omegaconf import OmegaConf
 
 from steer_hydra.app.redaction import install_log_redaction
-from steer_hydra.app.secrets import REDACTED, Redactor, is_secret_override, override_secrets, redact_overrides
+from steer_hydra.app.secrets import (
+    REDACTED,
+    SECRET_ENV_PREFIX,
+    Redactor,
+    is_secret_override,
+    move_to_environment,
+    override_secrets,
+    redact_overrides,
+)
 
 SWEEP_SECRETS = ("SENTINEL_sweep_aaa111", "SENTINEL_sweep_bbb222")
 KEY_SECRET = "SENTINEL_apikey_ccc333"
+ENV_SECRET = "hf_SENTINEL_env_ddd444"
 SHORT = "zq9"  # shorter than Redactor.MIN_BARE: redacted as key=value only
+JOB = ["model=tiny", "suite.limit=1", "suite.generate_overrides.max_tokens=4", "logger=none", "progress=false"]
+
+# Test controls: building one records in $PROBE_DIR a digest of the job's resolved `secret_token` (the value the job
+# really got) and whether its config reads it from the environment; FailingProbe's `steer()` then fails the job as a
+# refused server would, quoting the token in its error.
+PROBE = """
+import hashlib
+import os
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import OmegaConf
+
+from steer_hydra.core import InputControl
+
+
+class Probe(InputControl):
+    supports_batching = True
+
+    def _configure(self):  # built in every job, even one whose results are reused
+        job = HydraConfig.get()
+        config = job._get_parent()  # the job's whole config
+        value = str(config.secret_token)  # resolved here
+        reads_env = OmegaConf.is_interpolation(config, "secret_token")
+        name = f"digest_{OmegaConf.select(job, 'job.num', default='run')}.txt"
+        Path(os.environ["PROBE_DIR"], name).write_text(f"{hashlib.sha256(value.encode()).hexdigest()} {reads_env}")
+
+    def adapt_messages(self, messages_batch, runtime_kwargs):
+        return messages_batch
+
+
+class FailingProbe(Probe):
+    def steer(self, model, tokenizer=None, **kwargs):
+        raise RuntimeError(f"the server refused token {HydraConfig.get()._get_parent().secret_token}")
+"""
+
+
+def _probe_arms(root: Path) -> tuple[str, Path]:
+    """Arms `probe` and `failing_probe` in a user config dir; returns (the searchpath override, the digest dir)."""
+    arms = root / "user_conf" / "arm"
+    arms.mkdir(parents=True)
+    for name, cls in (("probe", "Probe"), ("failing_probe", "FailingProbe")):
+        (arms / f"{name}.yaml").write_text(
+            f"# @package arm\nname: {name}\ncontrols:\n  p:\n    _target_: secret_probe.{cls}\n"
+        )
+    (root / "secret_probe.py").write_text(PROBE)
+    (root / "digests").mkdir()
+    return f"hydra.searchpath=[file://{root / 'user_conf'}]", root / "digests"
+
+
+def _digest(value: str, reads_env: bool) -> str:
+    """What a probe records for a job that got `value` (`reads_env`: through an `${oc.env:...}` interpolation)."""
+    return f"{hashlib.sha256(value.encode()).hexdigest()} {reads_env}"
 
 
 def test_override_secrets_cover_sweeps_and_nested_keys():
@@ -40,74 +105,114 @@ def test_log_lines_are_redacted_once_installed(caplog):
     assert caplog.messages == [f"\t#0 : +secret_token={REDACTED} arm=pasta"]
 
 
-def _zip_members(path: Path) -> list[tuple[str, bytes]]:
-    """Every member of a zip, decompressed (Inspect writes `.eval` members with zstd, which zipfile can't read)."""
-    import struct
-    import zlib
-
-    import zstandard
-
-    members = []
-    raw = path.read_bytes()
-    with zipfile.ZipFile(path) as archive:
-        for info in archive.infolist():
-            name_len, extra_len = struct.unpack("<HH", raw[info.header_offset + 26 : info.header_offset + 30])
-            start = info.header_offset + 30 + name_len + extra_len
-            data = raw[start : start + info.compress_size]
-            if info.compress_type == zipfile.ZIP_DEFLATED:
-                data = zlib.decompress(data, -15)
-            elif info.compress_type == 93:  # zstd
-                data = zstandard.ZstdDecompressor().stream_reader(data).read()
-            members.append((info.filename, data))
-    return members
-
-
-def _files_holding(root: Path, secrets: tuple[str, ...]) -> list[str]:
-    """Every file under root (and every member of every .eval zip) whose bytes contain one of `secrets`."""
-    hits = []
-    for path in root.rglob("*"):
-        if not path.is_file():
-            continue
-        blobs = [(str(path), path.read_bytes())]
-        if path.suffix == ".eval":
-            blobs += [(f"{path}!{name}", data) for name, data in _zip_members(path)]
-        hits += [where for where, data in blobs for s in secrets if s.encode() in data]
-    return hits
+def test_a_secret_override_moves_to_the_environment_and_back_into_the_job_config():
+    taken: set[str] = set()
+    single = move_to_environment(f"+my.api_key={KEY_SECRET}", taken)
+    sweep = move_to_environment(f"+secret_token={SWEEP_SECRETS[0]},{SWEEP_SECRETS[1]}", taken)
+    assert single.environ == {f"{SECRET_ENV_PREFIX}MY_API_KEY": KEY_SECRET}
+    assert single.reference == "${oc.env:" + SECRET_ENV_PREFIX + "MY_API_KEY}"
+    assert list(sweep.environ.values()) == list(SWEEP_SECRETS) and sweep.reference is None
+    assert not [s for s in (*SWEEP_SECRETS, KEY_SECRET) if s in single.line + sweep.line]
+    # the override lines are inert text in a config (Hydra's escaped form), and parse back to the references
+    lines = OmegaConf.create({"task": [single.line, sweep.line]})
+    assert list(lines.task) == [single.line, sweep.line]
+    assert Redactor([single.line, sweep.line], environ={**single.environ, **sweep.environ}).values >= {
+        KEY_SECRET,
+        *SWEEP_SECRETS,
+    }
+    assert move_to_environment("+api_token=${oc.env:MY_TOKEN}", taken) is None  # already read from the environment
+    assert move_to_environment("arm=pasta", taken) is None and move_to_environment("~api_token", taken) is None
 
 
 @pytest.mark.slow
-def test_sentinel_secrets_reach_no_file_console_or_wandb_record(run_app, tmp_path):
-    env = {"WANDB_MODE": "offline", "HF_TOKEN": "hf_SENTINEL_env_ddd444"}
-    secrets = (*SWEEP_SECRETS, KEY_SECRET, "hf_SENTINEL_env_ddd444")
+def test_submitit_pickles_and_logs_hold_no_secret_and_the_job_gets_it(run_app, tmp_path):
+    """submitit_local pickles each job's overrides and config under `.submitit/` and runs it in its own process: the
+    pickles hold only references to the environment, and the job still resolves the real value."""
+    searchpath, digests = _probe_arms(tmp_path)
+    env = {
+        "HF_TOKEN": ENV_SECRET,
+        "PROBE_DIR": str(digests),
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+    }
+    secrets = (SWEEP_SECRETS[0], KEY_SECRET, ENV_SECRET)
     sweep = run_app(
         "--multirun",
-        f"+secret_token={SWEEP_SECRETS[0]},{SWEEP_SECRETS[1]}",
+        "hydra/launcher=submitit_local",
+        "arm=probe",
+        searchpath,
+        f"+secret_token={SWEEP_SECRETS[0]}",
         f"+my.api_key={KEY_SECRET}",
-        *FAST,
-        "suite.limit=1",
+        *JOB,
         env=env,
+        timeout=600,
     )
     assert sweep.returncode == 0, sweep.stderr[-3000:]
-    refused = run_app(
-        "backend=vllm_serve",
-        "backend.options.base_url=http://127.0.0.1:1",
-        f"+backend.options.api_key={KEY_SECRET}",
-        env=env,
-    )
-    assert refused.returncode == 1 and "backend.options.api_key holds a secret" in refused.stderr
-
     outputs = tmp_path / "outputs"
-    assert len(list(outputs.rglob("*.eval"))) >= 3 and len(list(outputs.rglob(".hydra/overrides.yaml"))) == 3
-    members = [data for log in outputs.rglob("*.eval") for _, data in _zip_members(log)]
+    assert (digests / "digest_0.txt").read_text() == _digest(SWEEP_SECRETS[0], True)  # the job got the value
+    pickles = {p.name.split("_", 1)[1] for p in outputs.rglob(".submitit/*/*.pkl")}
+    assert pickles >= {"submitted.pkl", "0_result.pkl"} and list(outputs.rglob(".submitit/*/*_log.out"))
+    assert files_holding(outputs, secrets) == []
+    assert not [s for s in secrets if s in sweep.stdout + sweep.stderr]
+    reference = "+secret_token=$\\{oc.env\\:" + SECRET_ENV_PREFIX + "SECRET_TOKEN\\}"
+    assert reference in sweep.stdout + sweep.stderr  # the launch line: what the job reads
+
+
+def _secret_env_names() -> list[str]:
+    return [name for name in os.environ if name.startswith(SECRET_ENV_PREFIX)]
+
+
+def test_a_failed_job_or_a_refused_config_shows_and_writes_no_secret(run_main, tmp_path, monkeypatch):
+    """Hydra prints a failed job's overrides (`Error executing job with overrides: [...]`) and its error, and a
+    composition error quotes the override line; none of it shows a value."""
+    secret = "SENTINEL_failed_run_eee555"
+    searchpath, digests = _probe_arms(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PROBE_DIR", str(digests))
+    code, out, err = run_main("arm=failing_probe", searchpath, f"+secret_token={secret}", *JOB)
+    assert code == 1 and "Error executing job with overrides" in err, err[-3000:]
+    assert f"+secret_token={REDACTED}" in err and f"the server refused token {REDACTED}" in err
+    assert (digests / "digest_run.txt").read_text() == _digest(secret, False)  # the job had the value
+    consoles = [out + err]
+
+    code, out, err = run_main(f"api_token={secret}", *JOB)  # without `+`: Hydra says "use +api_token=<value>"
+    assert code == 1 and f"+api_token={REDACTED}" in err, err[-3000:]
+    consoles.append(out + err)
+    code, out, err = run_main(
+        "backend=vllm_serve", "backend.options.base_url=http://127.0.0.1:1", f"+backend.options.api_key={secret}"
+    )
+    assert code == 1 and "backend.options.api_key holds a secret" in err, err[-3000:]
+    consoles.append(out + err)
+    assert not [console for console in consoles if secret in console]
+    assert files_holding(tmp_path / "outputs", (secret,)) == []
+
+
+def test_a_sweep_hands_its_jobs_secrets_through_the_environment(run_main, tmp_path, monkeypatch):
+    """Basic launcher: each job resolves its sweep value from the environment; no file, W&B record or console
+    line holds a value."""
+    searchpath, digests = _probe_arms(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PROBE_DIR", str(digests))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("HF_TOKEN", ENV_SECRET)
+    secrets = (*SWEEP_SECRETS, KEY_SECRET, ENV_SECRET)
+    code, out, err = run_main(
+        "--multirun",
+        "arm=probe",
+        searchpath,
+        f"+secret_token={SWEEP_SECRETS[0]},{SWEEP_SECRETS[1]}",
+        f"+my.api_key={KEY_SECRET}",
+        *[o for o in JOB if o != "logger=none"],
+    )
+    assert code == 0, err[-3000:]
+    assert [(digests / f"digest_{n}.txt").read_text() for n in (0, 1)] == [_digest(s, True) for s in SWEEP_SECRETS]
+    assert _secret_env_names() == []  # removed at the end of the sweep
+    assert not [s for s in secrets if s in out + err]
+    outputs = tmp_path / "outputs"
+    members = [data for log in outputs.rglob("*.eval") for _, data in zip_members(log)]
     assert any(b"steer_hydra/short_answer" in data for data in members)  # the logs were really read
-    assert _files_holding(outputs, secrets) == []
-    for proc in (sweep, refused):
-        assert not [s for s in secrets if s in proc.stdout + proc.stderr]
-    assert f"+secret_token={REDACTED}" in sweep.stdout + sweep.stderr  # the launch lines, redacted
+    assert files_holding(outputs, secrets) == []
     overrides = next(outputs.rglob("multiruns/*/0_*/.hydra/overrides.yaml")).read_text()
     assert f"+secret_token={REDACTED}" in overrides and f"+my.api_key={REDACTED}" in overrides
     records = list(outputs.rglob("run-*.wandb"))
-    assert len(records) >= 2, sweep.stderr[-2000:]  # one per job (and the sweep summary run, scanned like all)
-    for record in records:
-        config, _ = read_run(record)
-        assert config  # readable, and (checked above) free of the sentinels
+    assert len(records) >= 3, err[-2000:]  # one per job and the sweep summary run, scanned like all files
+    assert all(read_run(record)[0] for record in records)  # readable, and (checked above) free of the values

@@ -611,3 +611,64 @@ def test_get_model_by_name_explains_that_a_pipeline_is_needed():
 
     with pytest.raises(ValueError, match="as_inspect_model"):
         get_model("steer_hydra/some-arm")
+
+
+# ---------------------------------------------------------------------- 2.7 prompts past the context window
+def _with_context(pipeline, context):
+    """Give a stub pipeline a loaded model's config stating its context window (what the provider reads)."""
+    pipeline.model = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=context))
+    return pipeline
+
+
+@pytest.mark.parametrize("chat", [True, False], ids=["messages", "text"])
+def test_a_prompt_past_the_context_window_is_refused_before_dispatch(chat):
+    pipeline = _with_context(StubPipeline(chat=chat), 48)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the text path warns once at construction
+        api = build(pipeline)
+    long_prompt = "the cat sat on the mat " * 20
+    tokens = api.prompt_tokens(api._convert_input([ChatMessageUser(content=long_prompt)]) if chat else long_prompt)
+    assert tokens > 48
+    with pytest.raises(provider_module.PromptTooLongError) as info:
+        generate(api, long_prompt, GenerateConfig(max_tokens=8))
+    message = str(info.value)
+    assert "\n" not in message and f"The prompt is {tokens} tokens and max_tokens is 8" in message
+    assert "context window of 48 tokens (max_position_embeddings)" in message
+    assert "Fix: shorten the input, lower max_tokens" in message and "longer context" in message
+    assert pipeline.calls == []  # refused before it was queued: nothing generated
+    generate(api, "hi", GenerateConfig(max_tokens=8))  # a prompt that fits is served
+    assert len(pipeline.calls) == 1
+
+
+def test_the_context_check_counts_max_tokens_and_is_skipped_without_a_local_model():
+    pipeline = _with_context(StubPipeline(), 64)
+    api = build(pipeline)
+    tokens = api.prompt_tokens([{"role": "user", "content": "hi"}])
+    generate(api, "hi", GenerateConfig(max_tokens=64 - tokens))  # exactly fills the window: served
+    with pytest.raises(provider_module.PromptTooLongError, match=f"max_tokens is {65 - tokens}"):
+        generate(api, "hi", GenerateConfig(max_tokens=65 - tokens))
+    unknown = StubPipeline()  # no local model (a vLLM engine or a server): the engine judges the length itself
+    generate(build(unknown), "word " * 5000, GenerateConfig(max_tokens=8))
+    assert len(unknown.calls) == 1
+
+
+def test_a_prompt_too_long_for_the_model_fails_alone_in_an_eval(make_pipeline, tmp_path):
+    from inspect_ai import Task
+    from inspect_ai.dataset import MemoryDataset, Sample
+    from inspect_ai.log import read_eval_log_sample_summaries
+    from inspect_ai.scorer import includes
+    from inspect_ai.solver import generate as generate_solver
+
+    from steer_hydra.evaluation.suite import InspectSuite
+
+    pipeline = make_pipeline(max_position_embeddings=64)
+    samples = [Sample(id=1, input="the cat", target="x"), Sample(id=2, input="the dog " * 80, target="x")]
+    samples.append(Sample(id=3, input="a bird", target="x"))
+    task = Task(dataset=MemoryDataset(samples), solver=generate_solver(), scorer=includes(), name="lengths")
+    suite = InspectSuite(name="s", tasks=(task,), retry_attempts=0, retry_on_error=0)
+    out = suite.run(pipeline, log_dir=tmp_path, generate_defaults={"temperature": 0, "max_tokens": 4})
+    assert out["lengths"]["n"] == 2 and out["lengths"]["failed"] == 1  # the others are scored
+    (summaries,) = [read_eval_log_sample_summaries(log) for log in tmp_path.rglob("*.eval")]
+    errors = {s.id: s.error for s in summaries}
+    assert errors[1] is None and errors[3] is None
+    assert "PromptTooLongError" in errors[2] and "context window of 64 tokens" in errors[2], errors[2]
