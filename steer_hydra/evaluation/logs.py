@@ -11,6 +11,14 @@ rebuilt from the logs, and the configuration records (`config_records`, `arm_nam
   interrupted run are ignored);
 - `task_result`: one task's result from its log header (metrics, scored and failed counts, location): the form
   run records and cell indexes hold, whether a suite has just run or a save_dir is read back;
+- damaged logs: `readable_logs` / `read_log_header` read log headers; an unreadable log (truncated, not a zip, no
+  header) is skipped with one warning naming it. Only the evaluation side, holding the cell's lock, moves it aside
+  (`move=True`) to `<name>.unreadable`, which Inspect does not list, before Inspect reads the cell's directory, so
+  the cell is evaluated again; readers (reports, frames) never move a file another job may be about to write;
+- complete logs (`log_complete`): status `success` (or `error` from failed samples only) and not `invalidated`; a
+  log with invalidated samples is never read as a cell's result (Inspect's `eval_set` evaluates them again);
+- left-out samples (`LEFT_OUT_KEY`): samples a suite could not hand to Inspect (text that is not valid UTF-8) are
+  recorded in the header metadata of the task's log and counted as failed, like samples whose generation failed.
 - `config_records`: `save_dir/configs/<config_id>.json`, one record per configuration a job evaluated there (its
   arm name and canonical controls); `arm_names` maps config_id to arm.
 
@@ -19,8 +27,11 @@ Columns follow `frames.RUN_ID_COLUMNS`. Inspect is imported lazily (only when lo
 
 from __future__ import annotations
 
+import logging
 import re
-from collections.abc import Iterable, Mapping, Sequence
+import zipfile
+import zlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -40,7 +51,16 @@ from steer_hydra.evaluation.frames import (
     results_frame,
 )
 
+logger = logging.getLogger(__name__)
+
 CONFIGS_DIR = "configs"  # save_dir/configs/<config_id>.json: the configuration records
+UNREADABLE_SUFFIX = ".unreadable"  # an unreadable log renamed `<name>.eval.unreadable`: Inspect no longer lists it
+LEFT_OUT_KEY = "left_out_samples"  # log header metadata: {task: [{"id": sample id, "error": why}]}
+EVALUATED_AGAIN = "its cell is evaluated again."
+LEFT_OUT_OF_RESULTS = "its results are left out until its cell is evaluated again (re-run the command that made it)."
+# what reading a damaged log raises (Inspect's zip reader: ValueError "EOCD not found"; a zip without header.json:
+# KeyError; bad JSON or fields: ValueError); OSError (permissions, I/O) is not damage and propagates
+_DAMAGE_ERRORS: tuple[type[BaseException], ...] = (ValueError, KeyError, zipfile.BadZipFile, EOFError, zlib.error)
 
 
 # ---------------------------------------------------------------------------------------------- samples
@@ -142,7 +162,7 @@ def samples_frame(
     found: dict[str, None] = {}
     for cell in cells.itertuples(index=False):
         path = resolve_log_path(cell.log, log_root)
-        log = _read_eval_log(path)
+        log = _read_or_skip(_read_eval_log, path, LEFT_OUT_OF_RESULTS)
         for sample in getattr(log, "samples", None) or []:
             metadata = getattr(sample, "metadata", None) or {}
             row: dict[str, Any] = {c: getattr(cell, c) for c in RUN_ID_COLUMNS}
@@ -174,18 +194,20 @@ def task_samples(cells: pd.DataFrame, log_root: str | Path | None, *, include_te
 
 
 def failed_samples(cells: pd.DataFrame, log_root: str | Path | None) -> pd.DataFrame:
-    """One row per sample whose generation or scoring failed in the cells' logs: `SAMPLE_ID_COLUMNS` and `error`
-    (the first line of Inspect's error message)."""
+    """One row per sample whose generation or scoring failed in the cells' logs, or that was left out of the run
+    (`left_out_samples`): `SAMPLE_ID_COLUMNS` and `error` (the first line of the error message)."""
     rows = []
     cells = cells[list(CELL_COLUMNS)].drop_duplicates(["config_id", "seed", "trial_id", "suite", "task"])
     for cell in cells.itertuples():
-        log = _read_eval_log(resolve_log_path(cell.log, log_root))
+        path = resolve_log_path(cell.log, log_root)
+        log = _read_or_skip(_read_eval_log, path, LEFT_OUT_OF_RESULTS)
+        ids = [getattr(cell, c) for c in RUN_ID_COLUMNS]
         for sample in getattr(log, "samples", None) or []:
             error = getattr(sample, "error", None)
             if error is not None:
-                message = str(getattr(error, "message", error)).strip().splitlines()
-                ids = [getattr(cell, c) for c in RUN_ID_COLUMNS]
-                rows.append((*ids, cell.suite, cell.task, sample.id, (message or [""])[0]))
+                rows.append((*ids, cell.suite, cell.task, sample.id, _first_line(getattr(error, "message", error))))
+        for entry in left_out_samples(log):
+            rows.append((*ids, cell.suite, cell.task, entry.get("id"), _first_line(entry.get("error", ""))))
     return pd.DataFrame(rows, columns=[*SAMPLE_ID_COLUMNS, "error"])
 
 
@@ -198,21 +220,135 @@ def _sample_score_or_none(sample: Any, key: str, log: str) -> Any:
     return _sample_score(sample, key, log)
 
 
+def _first_line(message: Any) -> str:
+    lines = str(message).strip().splitlines()
+    return lines[0] if lines else ""
+
+
+# ---------------------------------------------------------------------------------------------- damaged logs
+def _read_or_skip(read: Callable[[str], Any], location: str, then: str, *, move: bool = False) -> Any | None:
+    """`read(location)`, or None when the log at `location` is gone (another process moved it) or unreadable: then
+    skipped with one warning (`then` says what follows for the cell), or moved aside when `move` (`move_aside`)."""
+    try:
+        return read(location)
+    except FileNotFoundError:
+        return None
+    except _DAMAGE_ERRORS as error:
+        if move:
+            move_aside(location, error, then)
+        else:
+            logger.warning("Unreadable Inspect log %s (%s) is skipped; %s", _local(location), _reason(error), then)
+        return None
+
+
+def _reason(error: BaseException) -> str:
+    return f"{type(error).__name__}: {_first_line(error) or 'no message'}"
+
+
+def move_aside(location: str, error: BaseException, then: str) -> Path | None:
+    """Rename the unreadable log at `location` to `<name>.unreadable` (`.unreadable.2`, ... if taken), where
+    Inspect does not list it, with one warning naming the log, the error and `then`; the new path, or None when it
+    could not be moved (it is then only skipped, and the warning says so)."""
+    reason = _reason(error)
+    path = Path(_local(location))
+    if urlparse(location).scheme not in ("", "file") and not re.match(r"^[A-Za-z]:[\\/]", location):
+        logger.warning(
+            "Unreadable Inspect log %s (%s) is skipped; only local logs are moved aside. Fix: move or delete it, "
+            "then re-run.",
+            location,
+            reason,
+        )
+        return None
+    target = path.with_name(path.name + UNREADABLE_SUFFIX)
+    number = 1
+    while target.exists():
+        number += 1
+        target = path.with_name(f"{path.name}{UNREADABLE_SUFFIX}.{number}")
+    try:
+        path.rename(target)
+    except FileNotFoundError:
+        return None  # another reader moved it first (and warned)
+    except OSError as exc:
+        logger.warning(
+            "Unreadable Inspect log %s (%s) is skipped; it could not be moved aside (%s). Fix: move or delete it, "
+            "then re-run.",
+            path,
+            reason,
+            exc,
+        )
+        return None
+    logger.warning(
+        "Unreadable Inspect log %s (%s): moved aside to %s; %s Delete that file once you no longer need it.",
+        path,
+        reason,
+        target.name,
+        then,
+    )
+    return target
+
+
+def _local(location: str) -> str:
+    """A `file:` URI as a path (what messages show); other locations unchanged."""
+    parsed = urlparse(location)
+    return url2pathname(parsed.path) if parsed.scheme == "file" else location
+
+
+def read_log_header(location: str | Path, *, then: str = EVALUATED_AGAIN, move: bool = False) -> Any | None:
+    """The header of one log; None when the log is gone or unreadable (skipped with a warning, or moved aside when
+    `move`: only under the cell's lock)."""
+    from inspect_ai.log import read_eval_log
+
+    return _read_or_skip(lambda path: read_eval_log(path, header_only=True), str(location), then, move=move)
+
+
+def readable_logs(
+    log_dir: str | Path, *, recursive: bool = True, then: str = EVALUATED_AGAIN, move: bool = False
+) -> list[tuple[str, Any]]:
+    """`(location, header)` of every readable log Inspect lists in `log_dir` (newest first); each unreadable one is
+    skipped with a warning, or moved aside when `move` (`move_aside`; only under the cell's lock), so that
+    `eval_set` then finds only readable logs there."""
+    from inspect_ai.log import list_eval_logs
+
+    if not Path(log_dir).is_dir():
+        return []
+    found = []
+    for info in list_eval_logs(str(log_dir), recursive=recursive):
+        header = read_log_header(info.name, then=then, move=move)
+        if header is not None:
+            found.append((info.name, header))
+    return found
+
+
+def log_complete(header: Any) -> bool:
+    """A log that can stand as its task's result: status `success`, or `error` from failed samples only
+    (`is_partial`), and no invalidated samples (Inspect's `eval_set` evaluates those again)."""
+    if getattr(header, "invalidated", False):
+        return False
+    return getattr(header, "status", None) == "success" or is_partial(header)
+
+
 # ---------------------------------------------------------------------------------------------- logs on disk
 def _finished_logs(log_dir: Path) -> dict[str, tuple[str, Any]]:
     """`{task: (path, header)}` of the newest finished log per task in one directory: status `success`, or `error`
-    from failed samples only (`is_partial`: the rest were scored)."""
-    from inspect_ai.log import list_eval_logs, read_eval_log
-
+    from failed samples only (`is_partial`: the rest were scored). A task whose newest finished log holds
+    invalidated samples has no result (an older log is superseded, not a fallback); unreadable logs are skipped
+    (`readable_logs`)."""
     chosen: dict[str, tuple[str, Any]] = {}
-    for info in list_eval_logs(str(log_dir), recursive=False):
-        header = read_eval_log(info, header_only=True)
+    for location, header in readable_logs(log_dir, recursive=False, then=LEFT_OUT_OF_RESULTS):
         if header.status != "success" and not is_partial(header):
             continue
         task = header.eval.task
         previous = chosen.get(task)
         if previous is None or str(header.eval.created) > str(previous[1].eval.created):
-            chosen[task] = (info.name, header)
+            chosen[task] = (location, header)
+    for task, (location, header) in list(chosen.items()):
+        if not log_complete(header):
+            logger.warning(
+                "Inspect log %s holds invalidated samples, so it is not read as its cell's result. Fix: re-run "
+                "the command that made it; Inspect evaluates the invalidated samples again.",
+                _local(location),
+            )
+            del chosen[task]
     return chosen
 
 
@@ -322,11 +458,23 @@ def is_partial(log: Any) -> bool:
 
 
 def failed_count(log: Any) -> int:
-    """Samples of a log that ended without a score (total minus completed)."""
+    """Samples of a log's task that ended without a score: total minus completed, plus the samples left out of the
+    run (`left_out_samples`)."""
     results = getattr(log, "results", None)
+    left_out = len(left_out_samples(log))
     if results is None:
-        return 0
-    return max(0, int(results.total_samples or 0) - int(results.completed_samples or 0))
+        return left_out
+    return max(0, int(results.total_samples or 0) - int(results.completed_samples or 0)) + left_out
+
+
+def left_out_samples(log: Any) -> list[dict[str, Any]]:
+    """`[{"id": sample id, "error": why}]` of the samples of a log's task that its suite left out of the run (text
+    that is not valid UTF-8), as recorded in the log header's metadata under `LEFT_OUT_KEY`."""
+    spec = getattr(log, "eval", None)
+    metadata = getattr(spec, "metadata", None) or {}
+    recorded = metadata.get(LEFT_OUT_KEY) if isinstance(metadata, Mapping) else None
+    entries = recorded.get(str(getattr(spec, "task", ""))) if isinstance(recorded, Mapping) else None
+    return [dict(entry) for entry in entries or [] if isinstance(entry, Mapping)]
 
 
 def normalize_location(location: str | None, log_dir: str | Path) -> str:

@@ -12,7 +12,9 @@ Invariants:
   needs a new `save_dir`);
 - a finished cell without failed samples leaves a small index `save_dir/cells/<config_id>/trial_<t>/<suite>.json`
   (its task results, log locations and a key of everything that produced it); a configuration whose cells are all
-  indexed under the same key, with their logs present, is reused without loading a model (provenance `reused: True`);
+  indexed under the same key, with their logs present, readable and complete (no invalidated samples), is reused
+  without loading a model (provenance `reused: True`); a cell whose log is unreadable is evaluated again, and its
+  log moved aside under the cell's lock (`logs.readable_logs`);
 - Inspect is not imported here at module level: frames read the logs lazily.
 """
 
@@ -44,7 +46,7 @@ from steer_hydra.core.sweeps import (
     preflight,
 )
 from steer_hydra.evaluation.frames import attach_params, cells_frame, results_frame, runs_frame, summarize_runs
-from steer_hydra.evaluation.logs import samples_frame
+from steer_hydra.evaluation.logs import log_complete, read_log_header, readable_logs, resolve_log_path, samples_frame
 from steer_hydra.evaluation.stats import paired_deltas
 from steer_hydra.evaluation.suite import InspectSuite
 
@@ -318,11 +320,14 @@ class SteeringEval:
         key = self._cell_key(config_id, trial, suite)
         if key is None or self.save_dir is None or not tasks or any(t.get("failed") for t in tasks.values()):
             return  # a cell with failed samples stays unindexed: a re-run retries them (Inspect reuses the rest)
+        if not all(_log_is_complete(t.get("log"), root) for t in tasks.values()):
+            return  # e.g. invalidated samples: only a complete log makes a complete cell
         path = root / "cells" / config_id / f"trial_{trial}" / f"{suite.name}.json"
         write_json(path, {"key": key, "tasks": tasks, "static": static})  # a concurrent reader sees old or new
 
     def _reused_records(self, point: Any, root: Path) -> list[dict[str, Any]] | None:
-        """The records of a configuration whose every cell is indexed under the current key, else None."""
+        """The records of a configuration whose every cell is indexed under the current key, with its logs complete
+        (readable, not invalidated: `log_complete`), else None."""
         if self.save_dir is None:
             return None
         records = []
@@ -332,12 +337,13 @@ class SteeringEval:
             for suite in self.suites:
                 path = root / "cells" / point.config_id / f"trial_{trial}" / f"{suite.name}.json"
                 key = self._cell_key(point.config_id, trial, suite)
-                try:
-                    index = json.loads(path.read_text())
-                except (OSError, ValueError):
+                index = _read_index(path)
+                if index is None:
                     return None
                 logs = [t.get("log") for t in index.get("tasks", {}).values()]
                 if key is None or index.get("key") != key or not all(log and (root / log).exists() for log in logs):
+                    return None
+                if not all(_log_is_complete(log, root) for log in logs):
                     return None
                 suites_out[suite.name] = index["tasks"]
                 static = static or index.get("static") or {}
@@ -501,12 +507,33 @@ def _logged_model_name(log_dir: Path) -> str | None:
     """
     if not log_dir.is_dir() or not any(log_dir.rglob("*.eval")):
         return None
-    from inspect_ai.log import list_eval_logs, read_eval_log
-
-    for info in list_eval_logs(str(log_dir), recursive=True):
-        model = str(read_eval_log(info, header_only=True).eval.model)
+    for _, header in readable_logs(log_dir, move=True):  # under the cell lock: an unreadable log is moved aside
+        model = str(header.eval.model)
         return model.split("/", 1)[1] if "/" in model else model
     return None
+
+
+def _read_index(path: Path) -> dict[str, Any] | None:
+    """A cell index, or None when there is none or it is damaged (said in one warning: the cell is then evaluated
+    again, Inspect reusing the samples its log holds, and the index rewritten)."""
+    try:
+        index = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as error:
+        why = f"{type(error).__name__}: {error}"
+    else:
+        if isinstance(index, dict) and isinstance(index.get("tasks", {}), dict):
+            return index
+        why = f"a JSON {type(index).__name__}, not a cell index"
+    logger.warning("Cell index %s is damaged (%s); its cell is evaluated again and the index rewritten.", path, why)
+    return None
+
+
+def _log_is_complete(log: str | None, root: Path) -> bool:
+    """Whether a cell's log (a location relative to `root`) is readable and complete (`logs.log_complete`)."""
+    header = read_log_header(resolve_log_path(log, root)) if log else None
+    return header is not None and log_complete(header)
 
 
 def _relative_to_root(log: str | None, log_dir: Path, root: Path) -> str | None:

@@ -12,18 +12,26 @@ Invariants:
   `error`. `eval_set` retries such a task `retry_attempts` times, re-running only its failed samples (the others are
   reused from the log), and so does a later re-run into the same `log_dir`. A task whose samples all failed, or that
   failed as a whole, raises naming the task, the first failed samples with their errors, and the log directory;
-  otherwise the task's results count its failed samples (`failed`) and the suite warns naming them.
+  otherwise the task's results count its failed samples (`failed`) and the suite warns naming them;
+- a sample Inspect could not write to its log (text that is not valid UTF-8 in its input, target, choices or
+  metadata, e.g. bytes decoded with `errors="surrogateescape"`) fails alone: it is left out of the run with one
+  warning per task naming it and the fix, recorded in the log header (`logs.LEFT_OUT_KEY`) and counted as failed;
+  the other samples run and are scored. Registry and file tasks are resolved here (as `eval_set` would) so their
+  samples can be checked; their task identity, and so resume, is unchanged;
+- an unreadable log in a cell's directory (truncated, not a zip) is moved aside (`logs.readable_logs`) before
+  `eval_set` reads the directory, so the cell is evaluated again instead of every run failing on it.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from steer_hydra.evaluation.logs import is_partial, task_result
+from steer_hydra.evaluation.logs import LEFT_OUT_KEY, is_partial, readable_logs, task_result
 
 logger = logging.getLogger(__name__)
 
@@ -175,6 +183,8 @@ class InspectSuite:
 
     def _eval_set(self, eval_set: Any, tasks: list[Any], log_dir: Path, kwargs: dict[str, Any]) -> list[Any]:
         log_dir.mkdir(parents=True, exist_ok=True)
+        readable_logs(log_dir, move=True)  # an unreadable log would fail eval_set's listing: moved aside, warned
+        tasks, kwargs = _leave_out_unwritable_samples(tasks, kwargs)
         success, logs = eval_set(tasks, log_dir=str(log_dir), **kwargs)
         if success:
             return list(logs)
@@ -189,6 +199,158 @@ class InspectSuite:
             if is_partial(log):
                 logger.warning("%s", _failure_summary(log))
         return list(logs)
+
+
+def _leave_out_unwritable_samples(tasks: list[Any], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    """The tasks and `eval_set` arguments with every selected sample whose text is not valid UTF-8 left out.
+
+    Registry and file tasks are resolved with `task_args` (then passed as Task objects, which `eval_set` resolves
+    to the same task identity). A task with such samples runs a copy of itself on its selected samples less those
+    (ids given to samples that had none, as Inspect would number them); the left-out samples are named in one
+    warning per task and recorded in the logs' header metadata under `LEFT_OUT_KEY`. A task left with no sample
+    raises naming them.
+    """
+    resolved = _resolved_tasks(tasks, kwargs.get("task_args") or {})
+    if resolved is None:
+        return tasks, kwargs
+    kwargs = {key: value for key, value in kwargs.items() if key != "task_args"}  # applied while resolving
+    left_out: dict[str, list[dict[str, Any]]] = {}
+    screened = []
+    for task in resolved:
+        kept, bad = _screen_samples(task, kwargs.get("limit"), kwargs.get("sample_id"))
+        if not bad:
+            screened.append(task)
+            continue
+        name = str(task.name)
+        listed = ", ".join(f"sample {entry['id']!r}: {entry['error']}" for entry in bad[:3])
+        more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
+        if not kept:
+            raise RuntimeError(
+                f"Task {name}: every selected sample holds text that is not valid UTF-8, so none can run: {listed}"
+                f"{more}."
+            )
+        logger.warning(
+            "task %s: %d sample(s) left out of the run and counted as failed: %s%s. Re-running after the fix "
+            "evaluates them.",
+            name,
+            len(bad),
+            listed,
+            more,
+        )
+        left_out[name] = bad
+        clone = copy.copy(task)
+        clone.dataset = _memory_dataset(task.dataset, kept)
+        screened.append(clone)
+        if isinstance(kwargs.get("sample_id"), list):
+            dropped = {str(entry["id"]) for entry in bad}
+            kwargs["sample_id"] = [i for i in kwargs["sample_id"] if str(i) not in dropped]
+    if left_out:
+        kwargs["metadata"] = {**dict(kwargs.get("metadata") or {}), LEFT_OUT_KEY: left_out}
+    return screened, kwargs
+
+
+def _resolved_tasks(tasks: list[Any], task_args: Mapping[str, Any]) -> list[Any] | None:
+    """Task objects for `tasks` (names and file references loaded as `eval_set` loads them), or None when a task
+    cannot be checked (a task function or a sample source): those run unchecked."""
+    from inspect_ai import Task
+
+    if not all(isinstance(task, (str, Task)) for task in tasks):
+        return None
+    if all(isinstance(task, Task) for task in tasks):
+        resolved = list(tasks)
+    else:
+        try:
+            from inspect_ai._eval.loader import load_tasks  # what eval_set itself calls on task names
+        except ImportError:  # another Inspect layout: run the names unchecked
+            return None
+        resolved = []
+        for task in tasks:
+            try:
+                loaded = [task] if isinstance(task, Task) else load_tasks([task], dict(task_args))
+            except Exception:  # noqa: BLE001 - eval_set loads it again and reports the error as it always did
+                return None
+            if not loaded:  # an unknown name: eval_set reports it
+                return None
+            resolved.extend(loaded)
+    if any(getattr(task, "sample_source", None) is not None for task in resolved):
+        return None
+    return resolved
+
+
+def _screen_samples(task: Any, limit: int | None, sample_id: Any) -> tuple[list[Any], list[dict[str, Any]]]:
+    """`(kept samples, [{"id", "error"}] of left-out ones)` among the samples `limit` or `sample_id` selects; both
+    empty lists when every selected sample is fine (the task then runs unchanged)."""
+    dataset = task.dataset
+    if sample_id is not None:
+        wanted = {str(i) for i in (sample_id if isinstance(sample_id, list) else [sample_id])}
+        selected = [(i, s) for i, s in enumerate(dataset) if s.id is not None and str(s.id) in wanted]
+    else:
+        selected = list(enumerate(dataset[:limit] if limit is not None else dataset))
+    kept, bad = [], []
+    for position, sample in selected:
+        number = position + 1  # the id Inspect gives a sample without one
+        problem = _unwritable_text(sample)
+        if problem is None:
+            kept.append(sample if sample.id is not None else sample.model_copy(update={"id": number}))
+        else:
+            bad.append({"id": _writable(sample.id if sample.id is not None else number), "error": problem})
+    return (kept, bad) if bad else ([], [])
+
+
+def _unwritable_text(sample: Any) -> str | None:
+    """Why a sample cannot be written to a log (`input holds text that is not valid UTF-8: ...`), or None."""
+    for name in ("id", "input", "target", "choices", "metadata"):
+        found = _first_unencodable(getattr(sample, name, None), name)
+        if found is not None:
+            where, text, position = found
+            return (  # repr escapes the offending character
+                f"{where} holds text that is not valid UTF-8, which Inspect cannot log: {text[position]!r} at "
+                f"character {position} of {text[max(0, position - 20) : position + 20]!r} (an undecodable byte or "
+                "half of a surrogate pair). Fix: decode the dataset with errors='replace' (or fix its encoding)"
+            )
+    return None
+
+
+def _first_unencodable(value: Any, where: str) -> tuple[str, str, int] | None:
+    """`(where, text, index)` of the first string in `value` (nested lists, dicts, messages) with a character
+    that UTF-8 cannot encode (a lone surrogate), or None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as error:
+            return where, value, error.start
+        return None
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            found = _first_unencodable(key, f"{where} key") or _first_unencodable(item, f"{where}[{key!r}]")
+            if found is not None:
+                return found
+        return None
+    if isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            found = _first_unencodable(item, f"{where}[{index}]")
+            if found is not None:
+                return found
+        return None
+    dump = getattr(value, "model_dump", None)  # chat messages and their content parts
+    return _first_unencodable(dump(), where) if callable(dump) else None
+
+
+def _writable(value: Any) -> Any:
+    """A string with unencodable characters escaped (`\\udce9`); other values unchanged."""
+    return value.encode("utf-8", "backslashreplace").decode("utf-8") if isinstance(value, str) else value
+
+
+def _memory_dataset(dataset: Any, samples: list[Any]) -> Any:
+    """`samples` as a dataset that keeps `dataset`'s name, location and shuffled flag (what the log records)."""
+    from inspect_ai.dataset import MemoryDataset
+
+    return MemoryDataset(
+        samples,
+        name=getattr(dataset, "name", None),
+        location=getattr(dataset, "location", None),
+        shuffled=bool(getattr(dataset, "shuffled", False)),
+    )
 
 
 def _failure_summary(log: Any, shown: int = 3) -> str:

@@ -25,12 +25,17 @@ from steer_hydra.evaluation.frames import (
 )
 from steer_hydra.evaluation.logs import (
     CONFIGS_DIR,
+    LEFT_OUT_KEY,
     arm_names,
     cells_from_logs,
     config_records,
+    failed_count,
     failed_samples,
+    left_out_samples,
+    log_complete,
     results_from_logs,
     samples_frame,
+    task_result,
 )
 from steer_hydra.evaluation.runner import SteeringEval
 from steer_hydra.models import TINY_REF
@@ -301,6 +306,27 @@ def test_failed_samples_are_listed_with_their_error(monkeypatch):
         ["a", "baseline", 0, 3, "ValueError: fragile"]
     ]
     assert (out["seed"].iloc[0], out["trial_seed"].iloc[0]) == (7, 11)
+
+
+def test_samples_left_out_of_a_run_count_as_failed_and_are_listed_with_their_error(monkeypatch):
+    left_out = {"t/one": [{"id": "bad", "error": "input holds text that is not valid UTF-8, ...\nmore"}]}
+    spec = SimpleNamespace(task="t/one", metadata={LEFT_OUT_KEY: {**left_out, "t/two": [{"id": 9, "error": "x"}]}})
+    results = SimpleNamespace(scores=[], completed_samples=2, total_samples=3)
+    log = SimpleNamespace(**vars(_fake_log([_sample(1, {"x": 1.0})])), eval=spec, results=results, status="error")
+    assert left_out_samples(log) == left_out["t/one"]  # the log's own task only
+    assert failed_count(log) == 2 and task_result(log, "l.eval", "/r")["failed"] == 2  # 1 errored + 1 left out
+    monkeypatch.setattr(logs_module, "_read_eval_log", lambda path: log)
+    out = failed_samples(cells_frame({"a": RESULTS["baseline"][:1]}), "/r")
+    assert out[["sample_id", "error"]].values.tolist() == [["bad", "input holds text that is not valid UTF-8, ..."]]
+    assert left_out_samples(SimpleNamespace(eval=SimpleNamespace(task="t", metadata=None))) == []
+
+
+def test_a_log_is_complete_when_finished_and_not_invalidated():
+    results = SimpleNamespace(completed_samples=2)
+    assert log_complete(SimpleNamespace(status="success", invalidated=False))
+    assert log_complete(SimpleNamespace(status="error", error=None, results=results, invalidated=False))  # partial
+    assert not log_complete(SimpleNamespace(status="success", invalidated=True))
+    assert not log_complete(SimpleNamespace(status="started", invalidated=False))
 
 
 def test_unscored_inspect_run_gives_its_samples_without_score_columns(tmp_path):

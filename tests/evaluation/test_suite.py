@@ -208,3 +208,28 @@ def test_a_task_object_runs_end_to_end_on_the_tiny_model(make_pipeline, tmp_path
     assert set(result["metrics"]) == {"includes/accuracy", "includes/stderr"}
     assert result["n"] == 3
     assert (tmp_path / result["log"]).exists()
+
+
+# ------------------------------------------------------------------------------------------ registry names resolved
+def test_a_registry_task_the_suite_resolves_keeps_its_identity_so_a_cell_begun_from_its_name_resumes(
+    make_pipeline, tmp_path, monkeypatch
+):
+    from inspect_ai import eval_set
+
+    from steer_hydra.core.pipeline import SteeringPipeline
+    from steer_hydra.evaluation.provider import as_inspect_model
+
+    pipeline = make_pipeline()
+    settings = {"temperature": 0, "max_tokens": 2, "max_connections": 4}
+    # the cell as Inspect runs it from the name (what the suite passed before it resolved names itself)
+    ok, _ = eval_set(
+        ["steer_hydra/mcqa"], log_dir=str(tmp_path), model=as_inspect_model(pipeline), task_args={"scorer": "choice"},
+        limit=2, display="none", max_tasks=1, epochs=1, retry_attempts=1, retry_on_error=1, retry_immediate=True,
+        fail_on_error=True, continue_on_fail=True, **settings,
+    )  # fmt: skip
+    assert ok
+    calls = []
+    monkeypatch.setattr(SteeringPipeline, "generate", lambda *a, **k: calls.append(1))
+    suite = InspectSuite(name="s", tasks=("steer_hydra/mcqa",), limit=2, task_args={"scorer": "choice"})
+    out = suite.run(pipeline, log_dir=tmp_path, generate_defaults=settings)
+    assert calls == [] and out["steer_hydra/mcqa"]["n"] == 2 and "choice/accuracy" in out["steer_hydra/mcqa"]["metrics"]
