@@ -1,9 +1,9 @@
 """Preflight: every check of a composed job config that needs no model, run before anything loads or is written.
 
 Invariants:
-- nothing here loads a model, builds a pipeline, writes a file or starts W&B; the slowest checks are Hub
-  lookups bounded by `HUB_TIMEOUT` seconds each (the model, and the datasets of `inspect_evals` tasks that are
-  not cached; none at all under `HF_HUB_OFFLINE=1`);
+- nothing here loads a model, builds a pipeline, writes a file (the writability check creates and removes an
+  empty directory) or starts W&B; the slowest checks are Hub lookups bounded by `HUB_TIMEOUT` seconds each (the
+  model, and the datasets of `inspect_evals` tasks that are not cached; none at all under `HF_HUB_OFFLINE=1`);
 - every problem found is reported in one `ConfigError` whose message is one line: the config key, the bad
   value, what is wrong and `Fix: ...`; several problems are numbered in the same line;
 - checks that need the model's shape (context window, number of layers and heads) use its config (`config.json`
@@ -121,28 +121,19 @@ def _get(plain: Mapping[str, Any], dotted: str) -> Any:
 # ---------------------------------------------------------------------------------------------- names, secrets
 def check_path_names(plain: Mapping[str, Any]) -> list[str]:
     """Names that become directories must be one safe path component (no `..`, no separators)."""
-    problems = []
-    for key in PATH_NAMES:
-        value = _get(plain, key)
-        if value is None:
-            continue
-        problem = dir_name_problem(key, value)
-        if problem:
-            problems.append(problem)
-    return problems
+    values = {key: _get(plain, key) for key in PATH_NAMES}
+    return [p for key, value in values.items() if value is not None and (p := dir_name_problem(key, value))]
 
 
 def check_output_dirs(plain: Mapping[str, Any]) -> list[str]:
-    """`output_root` and `save_dir` exist as writable directories or can be created (nothing is written here)."""
-    problems = []
-    for key in OUTPUT_DIRS:
-        value = plain.get(key)
-        if value is None and key == "save_dir":  # refused by its interpolation (recorded) or not set
-            continue
-        problem = writable_dir_problem(key, value)
-        if problem:
-            problems.append(problem)
-    return problems
+    """`output_root` and `save_dir` exist as writable directories or can be created (`writable_dir_problem`); a
+    `save_dir` of None was refused by its interpolation (recorded) or is not set."""
+    values = {key: plain.get(key) for key in OUTPUT_DIRS}
+    return [
+        p
+        for key, value in values.items()
+        if not (value is None and key == "save_dir") and (p := writable_dir_problem(key, value))
+    ]
 
 
 def check_trials(plain: Mapping[str, Any]) -> list[str]:

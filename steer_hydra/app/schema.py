@@ -21,7 +21,9 @@ from __future__ import annotations
 import enum
 import os
 import sys
+import tempfile
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Optional  # noqa: UP035  (OmegaConf needs typing.Optional/Dict/List)
 
@@ -178,7 +180,8 @@ def dir_name_problem(key: str, value: Any) -> str | None:
 def writable_dir_problem(key: str, value: Any) -> str | None:
     """Why the directory `value` of `key` cannot be written (None when it exists writable or can be created).
 
-    Writes nothing: the nearest existing ancestor must be a directory this user may write to (`os.access`).
+    Leaves nothing behind: an empty directory is created in the nearest existing ancestor and removed at once (the
+    only test that holds for root, read-only mounts and pseudo filesystems alike).
     """
     text = "" if value is None else str(value)
     if not text.strip():
@@ -194,9 +197,11 @@ def writable_dir_problem(key: str, value: Any) -> str | None:
     if not os.path.isdir(probe):
         what = "the directory" if probe == target else f"its parent {probe!r}"
         return f"{key}={text!r} cannot be created: {what} is a file, not a directory. {fix}"
-    if not os.access(probe, os.W_OK | os.X_OK):
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".steer_hydra-write-check-", dir=probe))
+    except OSError as error:
         where = "it" if probe == target else f"its nearest existing parent {probe!r}"
-        return f"{key}={text!r} is not writable: {where} does not allow this user to write. {fix}"
+        return f"{key}={text!r} is not writable: {where} refuses new entries ({error.strerror}). {fix}"
     return None
 
 
@@ -212,27 +217,24 @@ def _refuse(problem: str, node: Any) -> None:
     raise ConfigError(problem)
 
 
-def _dir_name(key: str, _node_: Any, _root_: Any) -> Any:
-    value = OmegaConf.select(_root_, key, throw_on_missing=True)
-    problem = dir_name_problem(key, value)
-    if problem:
-        _refuse(problem, _node_)
-    return value
+def _guarded(problem_of: Callable[[str, Any], str | None]) -> Callable[..., Any]:
+    """A resolver `${name:KEY}` that returns KEY's value, refused (`_refuse`) when `problem_of(KEY, value)` says."""
 
+    def resolver(key: str, _node_: Any, _root_: Any) -> Any:
+        value = OmegaConf.select(_root_, key, throw_on_missing=True)
+        problem = problem_of(key, value)
+        if problem:
+            _refuse(problem, _node_)
+        return value
 
-def _writable_dir(key: str, _node_: Any, _root_: Any) -> Any:
-    value = OmegaConf.select(_root_, key, throw_on_missing=True)
-    problem = writable_dir_problem(key, value)
-    if problem:
-        _refuse(problem, _node_)
-    return value
+    return resolver
 
 
 def register_resolvers() -> None:
     """Register `steer_hydra.dir_name` and `steer_hydra.writable_dir` (idempotent; see the module docstring)."""
-    for name, resolver in ((DIR_NAME_RESOLVER, _dir_name), (WRITABLE_DIR_RESOLVER, _writable_dir)):
+    for name, problem_of in ((DIR_NAME_RESOLVER, dir_name_problem), (WRITABLE_DIR_RESOLVER, writable_dir_problem)):
         if not OmegaConf.has_resolver(name):
-            OmegaConf.register_new_resolver(name, resolver)
+            OmegaConf.register_new_resolver(name, _guarded(problem_of))
 
 
 def register_configs() -> None:

@@ -305,19 +305,16 @@ def test_an_output_directory_under_a_file_is_refused_before_anything_is_written(
     assert (not run_dir) if key == "save_dir" else not created, created
 
 
-def test_an_unwritable_save_dir_is_refused_naming_the_key(compose_cfg, tmp_path, monkeypatch):
-    import os
-
-    locked = tmp_path / "locked"
-    locked.mkdir()
-    real_access = os.access
-    monkeypatch.setattr(os, "access", lambda path, mode, **kw: str(path) != str(locked) and real_access(path, mode))
-    cfg = compose_cfg([f"output_root={tmp_path / 'out'}", f"save_dir={locked / 'results'}"])
+def test_an_unwritable_save_dir_is_refused_naming_the_key(compose_cfg, tmp_path):
+    """/proc refuses new entries even to root (for whom permission bits say everything is writable)."""
+    target = "/proc/steer_hydra_check/results"
+    cfg = compose_cfg([f"output_root={tmp_path / 'out'}", f"save_dir={target}"])
     with pytest.raises(ConfigError) as info:
         preflight(cfg)
     message = str(info.value)
-    assert f"save_dir='{locked / 'results'}' is not writable: its nearest existing parent '{locked}'" in message
+    assert f"save_dir='{target}' is not writable: its nearest existing parent '/proc' refuses new entries" in message
     assert "Fix: save_dir=<a directory you can write to>" in message and "output_root" not in message
+    assert not list((tmp_path).rglob("*"))  # nothing written, not even the output root
 
 
 # ---------------------------------------------------------------------------------------------- catalog datasets
