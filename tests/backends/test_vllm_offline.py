@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import os
 import sys
 import types
 from typing import Any
@@ -14,7 +15,7 @@ import torch
 
 from steer_hydra.backends.lowering import sampling_fields
 from steer_hydra.backends.vllm import INSTALL_HINT, VLLMBackend, engine_kwargs
-from steer_hydra.backends.vllm_steering import XARGS_KEY, XARGS_START
+from steer_hydra.backends.vllm_steering import ENV_FLAG, RUNNER_ENV, XARGS_KEY, XARGS_START
 from steer_hydra.controls.input import SystemPrompt
 from steer_hydra.controls.state import CAA
 from steer_hydra.core import BackendSpec, GenerationParams, SteeringPipeline
@@ -33,6 +34,7 @@ class _LLM:
 
     def __init__(self, **kwargs: Any) -> None:
         self.kwargs = kwargs
+        self.environ = {name: os.environ.get(name) for name in (ENV_FLAG, RUNNER_ENV)}  # what its processes inherit
         self.calls: list[tuple[list, list, bool]] = []
         self.shut_down = False
         self.llm_engine = types.SimpleNamespace(engine_core=types.SimpleNamespace(shutdown=self._shutdown))
@@ -90,6 +92,30 @@ def test_engine_gets_token_prompts_one_sampling_params_per_row_and_returns_group
     backend = pipeline._backend
     pipeline.release()
     assert engine.shut_down and backend.engine is None
+
+
+def test_the_engine_boots_with_the_plugin_on_and_vllms_v1_runner_and_the_protocol_says_so(fake_vllm, monkeypatch):
+    monkeypatch.delenv(ENV_FLAG, raising=False)
+    monkeypatch.setenv(RUNNER_ENV, "0")  # a user's explicit V1 is kept
+    pipeline = SteeringPipeline(TINY_REF, backend="vllm").steer()
+    assert pipeline._backend.engine.environ == {ENV_FLAG: "1", RUNNER_ENV: "0"}
+    assert pipeline.backend_identity() == {"model_runner": "v1"}
+    assert ENV_FLAG not in os.environ and os.environ[RUNNER_ENV] == "0"  # this process's environment as it was
+    monkeypatch.delenv(RUNNER_ENV)
+    other = SteeringPipeline(TINY_REF, backend="vllm").steer()
+    assert other._backend.engine.environ == {ENV_FLAG: "1", RUNNER_ENV: "0"} and RUNNER_ENV not in os.environ
+
+
+@pytest.mark.parametrize("value", ["1", "true"])
+def test_a_forced_v2_runner_is_refused_in_one_line_before_the_engine_loads(value, fake_vllm, monkeypatch):
+    monkeypatch.setenv(RUNNER_ENV, value)
+    booted = []
+    monkeypatch.setattr(fake_vllm, "LLM", lambda **kwargs: booted.append(kwargs))
+    with pytest.raises(ValueError) as info:
+        SteeringPipeline(TINY_REF, backend="vllm").steer()
+    message = str(info.value)
+    assert "\n" not in message and f"{RUNNER_ENV}={value} forces vLLM's V2 model runner" in message
+    assert f"Fix: unset {RUNNER_ENV}" in message and booted == []
 
 
 def test_greedy_candidates_are_one_engine_sample_copied(fake_vllm):
