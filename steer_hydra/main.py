@@ -26,12 +26,13 @@ def app(cfg: DictConfig) -> float:
     from steer_hydra.app.job import run_job
     from steer_hydra.app.plan import ConfigError
     from steer_hydra.app.preflight import preflight
+    from steer_hydra.evaluation.runner import UnsupportedConfigurationError
 
     try:
         preflight(cfg)  # every config mistake that needs no model, before anything loads or is written
         return run_job(cfg, HydraConfig.get().runtime.output_dir)
-    except ConfigError as error:  # a config mistake: say what and how to fix it, no traceback
-        sys.exit(f"steer_hydra: invalid configuration: {error}")
+    except (ConfigError, UnsupportedConfigurationError) as error:  # say what and how to fix it, in one line
+        sys.exit(f"steer_hydra: invalid configuration: {' '.join(str(error).split())}")
 
 
 def main() -> Any:

@@ -149,6 +149,7 @@ def _run_job(cfg: DictConfig, output_dir: Path) -> float:
     plan = JobPlan.from_config(cfg)  # every config error surfaces here, before anything is written
     plan.check_protocol()  # fail fast; the claim itself happens under a lock right before the first cell
     runner = plan.runner()
+    runner.check_support()  # a control the backend cannot run is refused here, before W&B or any model starts
     freeze_long_lived_objects()
     tracker = make_tracker(cfg, plan, output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)

@@ -70,6 +70,10 @@ def _version(package: str) -> str | None:
         return None
 
 
+class UnsupportedConfigurationError(ValueError):
+    """A configuration the backend cannot run (`SteeringEval.check_support`), found before any model loads."""
+
+
 class SteeringEval:
     """Evaluate steering configurations (fixed controls, `ControlSpec` sweeps, the empty baseline) on suites.
 
@@ -156,22 +160,32 @@ class SteeringEval:
         return self.source.model_name_or_path
 
     # ------------------------------------------------------------------------------------------ run
-    def run(self) -> dict[str, list[dict[str, Any]]]:
-        """Evaluate every configuration x trial x suite; returns `{arm: [run record, ...]}`.
+    def check_support(self) -> list[Any]:
+        """`check()` every configuration against the backend (no model loads); one report per configuration.
 
-        A run record holds `config_id`, `trial_id`, `seed`, `trial_seed`, `params`, `suites` (`{suite: {task:
-        {"metrics", "n", "failed", "log"}}}`, logs relative to `save_dir`) and `provenance`.
+        Raises `UnsupportedConfigurationError` naming each refused control and its fix when one is unsupported and
+        `on_unsupported="raise"` (with "skip", `run` skips those configurations with a warning).
         """
         points = expand_configurations(self.pipelines, self.base_model_name_or_path)
         reports = preflight(points, source=self.source, backend=self.backend)
         bad = [r for r in reports if not r.ok]
         if bad and self.on_unsupported == "raise":
             lines = [f"  - {r.point.arm} [{r.point.config_id}]: {m}" for r in bad for m in r.failures]
-            raise RuntimeError(
+            raise UnsupportedConfigurationError(
                 "Unsupported pipeline configuration(s):\n"
                 + "\n".join(lines)
                 + "\nFix the configurations, or pass on_unsupported='skip' to run the others."
             )
+        return reports
+
+    def run(self) -> dict[str, list[dict[str, Any]]]:
+        """Evaluate every configuration x trial x suite; returns `{arm: [run record, ...]}`.
+
+        A run record holds `config_id`, `trial_id`, `seed`, `trial_seed`, `params`, `suites` (`{suite: {task:
+        {"metrics", "n", "failed", "log"}}}`, logs relative to `save_dir`) and `provenance`.
+        """
+        reports = self.check_support()
+        bad = [r for r in reports if not r.ok]
         for report in bad:
             logger.warning(
                 "Skipping unsupported configuration: %s [%s]: %s",

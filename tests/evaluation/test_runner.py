@@ -19,7 +19,7 @@ from steer_hydra.core import InputControl, ModelSource
 from steer_hydra.core.identity import derive_trial_seed
 from steer_hydra.core.specs import ControlSpec
 from steer_hydra.evaluation.provider import ProviderOptions
-from steer_hydra.evaluation.runner import SteeringEval
+from steer_hydra.evaluation.runner import SteeringEval, UnsupportedConfigurationError
 from steer_hydra.models import TINY_REF
 
 
@@ -148,7 +148,7 @@ def test_arguments_become_attributes(tmp_path):
 def test_unsupported_configurations_raise_before_any_model_work(fake_factory, tmp_path):
     suite = FakeSuite()
     ev = _eval(tmp_path, {"baseline": [], "bad": [Picky()], "bad2": [Picky()]}, [suite])
-    with pytest.raises(RuntimeError, match="Unsupported pipeline configuration") as info:
+    with pytest.raises(UnsupportedConfigurationError, match="Unsupported pipeline configuration") as info:
         ev.run()
     assert str(info.value).count("Picky") == 2
     assert fake_factory.instances == [] and suite.calls == []
