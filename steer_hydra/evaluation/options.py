@@ -99,10 +99,10 @@ class ProviderOptions:
         seed_scope: "dispatch" (the default: one derived seed per batched dispatch, decoded in one pass) or
             "item" (one seed per row, rows decoded one at a time), attached to seeded sampling requests. Static
             batching only: refill always samples each row from its own item seed.
-        batching: "refill" decodes in one loop that refills a finished row's slot with the next request
-            (`RefillCollator`; Hugging Face backend, controls that declare `supports_refill`), "static" runs
-            each batch until its longest row ends (`LockLeaderCollator`, the default), "auto" refills whenever
-            the pipeline allows it and the ceiling is above 1.
+        batching: "auto" (the default) refills whenever the pipeline allows it and the ceiling is above 1, else
+            runs static batches (`batching_in_force`); "refill" decodes in one loop that refills a finished row's
+            slot with the next request (`RefillCollator`; Hugging Face backend, controls that declare
+            `supports_refill`); "static" runs each batch until its longest row ends (`LockLeaderCollator`).
     """
 
     runtime_kwargs: Mapping[str, Any] = field(default_factory=dict)
@@ -114,7 +114,7 @@ class ProviderOptions:
     reasoning_split: str = "auto"
     on_unsupported_param: str = "raise"
     seed_scope: str = DEFAULT_SEED_SCOPE
-    batching: str = "static"
+    batching: str = "auto"
 
     def __post_init__(self) -> None:
         if not isinstance(self.runtime_kwargs, Mapping):
@@ -169,3 +169,20 @@ class ProviderOptions:
         """The batch ceiling in force for `pipeline` (the most requests one dispatch may batch): `max_batch_size`,
         or 1 when an enabled control cannot batch (`pipeline.supports_batching` is False)."""
         return self.max_batch_size if pipeline.supports_batching else 1
+
+    def batching_in_force(self, pipeline: Any) -> str:
+        """ "refill" or "static" for `pipeline`: `batching` as given, or for "auto" refill where the pipeline can
+        (`pipeline.refill_blockers()` is empty) and the batch ceiling is above 1. An explicit "refill" the pipeline
+        cannot run raises ValueError naming why."""
+        if self.batching == "static":
+            return "static"
+        blockers_of = getattr(pipeline, "refill_blockers", None)
+        blockers = blockers_of() if callable(blockers_of) else ["the pipeline has no refill_blockers()"]
+        if self.batching == "refill":
+            if blockers:
+                raise ValueError(
+                    f"ProviderOptions.batching='refill' but this pipeline cannot refill: {'; '.join(blockers)}. "
+                    "Fix: use batching='auto' (refill where possible, else static) or 'static'."
+                )
+            return "refill"
+        return "refill" if not blockers and self.batch_ceiling(pipeline) > 1 else "static"

@@ -19,9 +19,10 @@ Contract:
   **Pass `max_connections=model.api.max_connections()` to every `inspect_ai.eval` / `eval_set` call**: Inspect's
   adaptive concurrency (on by default) ignores `ModelAPI.max_connections()` unless `max_connections` is given,
   and with it given `max_samples` defaults to the same value.
-- Batching (`ProviderOptions.batching`): "refill" (or "auto": refill where the pipeline allows it) decodes every
-  request in one loop that refills a finished row's slot at once (`refill_serving.RefillCollator`); "static"
-  (the default) runs each batch until its longest row ends (`batching.LockLeaderCollator`).
+- Batching (`ProviderOptions.batching_in_force`): "refill" (what the default "auto" picks where the pipeline allows
+  it) decodes every request in one loop that refills a finished row's slot at once
+  (`refill_serving.RefillCollator`); "static" runs each batch until its longest row ends
+  (`batching.LockLeaderCollator`).
 - Errors: every error a request raises passes through the function given to `redact_errors_with` (the app's
   removes secret values in place) before Inspect records it in the sample's log.
 - Context window: when the pipeline holds a local model whose config states its context window
@@ -221,7 +222,8 @@ class SteeringPipelineModelAPI(ModelAPI):
         self._reasoning_split, self._reasoning_tag_ids = resolve_split_mode(
             self._tokenizer, options.reasoning_tags, options.reasoning_split
         )
-        self._batching = self._resolve_batching(pipeline, options.batching)
+        self._batching = options.batching_in_force(pipeline)
+        logger.debug("Batching in force: %s (ProviderOptions.batching=%r)", self._batching, options.batching)
         self._context = context_window(pipeline)
         collator_class = RefillCollator if self._batching == "refill" else LockLeaderCollator
         self._collator = collator_class(
@@ -232,23 +234,6 @@ class SteeringPipelineModelAPI(ModelAPI):
             static_runtime_kwargs=options.runtime_kwargs,
             chat_template_kwargs=options.chat_template_kwargs,
         )
-
-    def _resolve_batching(self, pipeline: SteeringPipeline, mode: str) -> str:
-        """ "refill" or "static" for `ProviderOptions.batching`; an explicit "refill" the pipeline can't run raises."""
-        if mode == "static":
-            return "static"
-        blockers_of = getattr(pipeline, "refill_blockers", None)
-        blockers = blockers_of() if callable(blockers_of) else ["the pipeline has no refill_blockers()"]
-        if mode == "refill" and blockers:
-            raise ValueError(
-                f"ProviderOptions.batching='refill' but this pipeline cannot refill: {'; '.join(blockers)}. "
-                "Fix: use batching='static' (or 'auto', which falls back to static)."
-            )
-        if blockers or self._batch_ceiling == 1:
-            if mode == "auto":
-                logger.debug("Static batching: %s", "; ".join(blockers) or "ceiling 1")
-            return "static" if mode == "auto" else "refill"
-        return "refill"
 
     # ------------------------------------------------------------------ properties
     @property

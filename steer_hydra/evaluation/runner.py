@@ -477,6 +477,7 @@ def _control_provenance(pipeline: Any, controls: Sequence[Any], options: Any) ->
     static = options.runtime_kwargs or {}
     return {
         "batch_ceiling": options.batch_ceiling(pipeline),
+        "batching": options.batching_in_force(pipeline),
         "declared_runtime_kwargs": declared,
         "inert_static_runtime_kwargs": sorted(set(static) - set(declared)),
         "steering_vector_hashes": {

@@ -56,6 +56,7 @@ def test_default_command_leaves_results_plots_and_an_offline_wandb_run(run_app, 
     ):
         assert key in provenance, key
     assert provenance["config_id"] == "baseline" and provenance["prompt_path"] == "messages"
+    assert provenance["batching"] == "refill"  # the default ("auto") on a pipeline that can refill
     accuracy = next(
         float(r["value"]) for r in rows if r["task"] == "steer_hydra/short_answer" and r["metric"] == "accuracy"
     )

@@ -15,7 +15,6 @@ from inspect_ai.scorer import includes
 from inspect_ai.solver import generate
 
 from steer_hydra.core import ModelSource
-from steer_hydra.core.pipeline import SteeringPipeline
 from steer_hydra.evaluation.frames import cells_frame
 from steer_hydra.evaluation.logs import (
     UNREADABLE_SUFFIX,
@@ -24,6 +23,7 @@ from steer_hydra.evaluation.logs import (
     results_from_logs,
     samples_frame,
 )
+from steer_hydra.evaluation.provider import SteeringPipelineModelAPI
 from steer_hydra.evaluation.runner import SteeringEval
 from steer_hydra.evaluation.suite import InspectSuite
 from steer_hydra.models import TINY_REF
@@ -64,17 +64,15 @@ def save(finished, tmp_path) -> Path:
 
 @pytest.fixture
 def generated(monkeypatch) -> list[str]:
-    """The last message of every prompt the pipeline generates from (a reused cell generates none)."""
+    """The last message of every request Inspect makes of the provider (a reused cell makes none)."""
     calls: list[str] = []
-    original = SteeringPipeline.generate
+    original = SteeringPipelineModelAPI._generate
 
-    def counting(self, *args, **kwargs):
-        chats = kwargs.get("messages") or []
-        chats = [chats] if chats and isinstance(chats[0], dict) else chats
-        calls.extend(chat[-1]["content"] for chat in chats)
-        return original(self, *args, **kwargs)
+    async def counting(self, input, *args, **kwargs):
+        calls.append(input[-1].text)
+        return await original(self, input, *args, **kwargs)
 
-    monkeypatch.setattr(SteeringPipeline, "generate", counting)
+    monkeypatch.setattr(SteeringPipelineModelAPI, "_generate", counting)
     return calls
 
 

@@ -148,8 +148,8 @@ def test_a_waiter_cancelled_while_queued_is_never_admitted(make_pipeline):
 
 
 def test_batching_option_resolves_and_refuses_what_cannot_refill(make_pipeline):
-    refill = as_inspect_model(make_pipeline(), options=ProviderOptions(max_batch_size=3, batching="auto"))
-    static = as_inspect_model(make_pipeline(), options=ProviderOptions(max_batch_size=3))
+    refill = as_inspect_model(make_pipeline(), options=ProviderOptions(max_batch_size=3))  # the default: auto
+    static = as_inspect_model(make_pipeline(), options=ProviderOptions(max_batch_size=3, batching="static"))
     assert (refill.api.batching, static.api.batching) == ("refill", "static")  # auto refills when it can
     assert refill.api.max_connections() == 6  # a request waits per slot
     assert static.api.max_connections() == 6  # the next batch waits

@@ -18,11 +18,10 @@ import pytest
 from steer_hydra.controls.input import SystemPrompt
 from steer_hydra.core import ModelSource
 from steer_hydra.core.identity import derive_trial_seed
-from steer_hydra.core.pipeline import SteeringPipeline
 from steer_hydra.evaluation import plotting
 from steer_hydra.evaluation.frames import summarize_runs
 from steer_hydra.evaluation.logs import results_from_logs
-from steer_hydra.evaluation.provider import ProviderOptions
+from steer_hydra.evaluation.provider import ProviderOptions, SteeringPipelineModelAPI
 from steer_hydra.evaluation.runner import SteeringEval
 from steer_hydra.evaluation.stats import paired_deltas
 from steer_hydra.evaluation.suite import InspectSuite
@@ -176,14 +175,12 @@ def smoke_study(tmp_path_factory):
     save = tmp_path_factory.mktemp("smoke_study")
     prompts: list[str] = []
     lock = threading.Lock()
-    original = SteeringPipeline.generate
+    original = SteeringPipelineModelAPI._generate  # every request Inspect makes, whatever the batching
 
-    def counting(self, *args, **kwargs):
-        chats = kwargs.get("messages")
-        chats = [chats] if chats and isinstance(chats[0], dict) else chats or []
+    async def counting(self, input, *args, **kwargs):
         with lock:
-            prompts.extend(chat[-1]["content"] for chat in chats)
-        return original(self, *args, **kwargs)
+            prompts.append(input[-1].text)
+        return await original(self, input, *args, **kwargs)
 
     def study(num_trials: int) -> tuple[SteeringEval, int]:
         before = len(prompts)
@@ -199,14 +196,14 @@ def smoke_study(tmp_path_factory):
         ev.run()
         return ev, len(prompts) - before
 
-    SteeringPipeline.generate = counting
+    SteeringPipelineModelAPI._generate = counting
     try:
         _, one_trial = study(1)
         trial_0_logs = sorted(p.name for p in save.glob("inspect_logs/*/trial_0/smoke/*.eval"))
         two, added = study(2)
         _, again = study(2)
     finally:
-        SteeringPipeline.generate = original
+        SteeringPipelineModelAPI._generate = original
     return {
         "save": save,
         "one_trial": one_trial,
