@@ -126,8 +126,9 @@ def test_a_secret_override_moves_to_the_environment_and_back_into_the_job_config
 
 @pytest.mark.slow
 def test_submitit_pickles_and_logs_hold_no_secret_and_the_job_gets_it(run_app, tmp_path):
-    """submitit_local pickles each job's overrides and config under `.submitit/` and runs it in its own process: the
-    pickles hold only references to the environment, and the job still resolves the real value."""
+    """submitit_local pickles each job's overrides and config, and a failed job's error, under `.submitit/`, and runs
+    each job in its own process: the pickles hold only references to the environment, the job still resolves the
+    real value, and the failing job's error (which quotes the token) is pickled redacted."""
     searchpath, digests = _probe_arms(tmp_path)
     env = {
         "HF_TOKEN": ENV_SECRET,
@@ -138,7 +139,7 @@ def test_submitit_pickles_and_logs_hold_no_secret_and_the_job_gets_it(run_app, t
     sweep = run_app(
         "--multirun",
         "hydra/launcher=submitit_local",
-        "arm=probe",
+        "arm=probe,failing_probe",
         searchpath,
         f"+secret_token={SWEEP_SECRETS[0]}",
         f"+my.api_key={KEY_SECRET}",
@@ -146,15 +147,18 @@ def test_submitit_pickles_and_logs_hold_no_secret_and_the_job_gets_it(run_app, t
         env=env,
         timeout=600,
     )
-    assert sweep.returncode == 0, sweep.stderr[-3000:]
+    console = sweep.stdout + sweep.stderr
+    assert sweep.returncode != 0 and "the server refused token ***" in console, console[-3000:]
     outputs = tmp_path / "outputs"
     assert (digests / "digest_0.txt").read_text() == _digest(SWEEP_SECRETS[0], True)  # the job got the value
-    pickles = {p.name.split("_", 1)[1] for p in outputs.rglob(".submitit/*/*.pkl")}
-    assert pickles >= {"submitted.pkl", "0_result.pkl"} and list(outputs.rglob(".submitit/*/*_log.out"))
+    assert (digests / "digest_1.txt").read_text() == _digest(SWEEP_SECRETS[0], True)
+    results = list(outputs.rglob(".submitit/*/*_result.pkl"))
+    assert len(results) == 2 and list(outputs.rglob(".submitit/*/*_submitted.pkl"))  # both jobs ran, one failed
+    assert list(outputs.rglob(".submitit/*/*_log.out"))
     assert files_holding(outputs, secrets) == []
-    assert not [s for s in secrets if s in sweep.stdout + sweep.stderr]
+    assert not [s for s in secrets if s in console]
     reference = "+secret_token=$\\{oc.env\\:" + SECRET_ENV_PREFIX + "SECRET_TOKEN\\}"
-    assert reference in sweep.stdout + sweep.stderr  # the launch line: what the job reads
+    assert reference in console  # the launch line: what the job reads
 
 
 def _secret_env_names() -> list[str]:
