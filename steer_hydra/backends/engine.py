@@ -3,8 +3,8 @@
 An engine backend has no live `nn.Module`: the tokenizer runs here, prompts go to the engine as token ids
 (each row's real tokens only), every row is one request with its own sampling fields and seed, and the
 engine returns candidate token ids that come back as a right-padded `[rows * n, new]` tensor grouped by
-prompt. Subclasses implement `_open` (boot the engine or connect to the server), `_complete` (run one list of
-requests) and `_close`.
+prompt. Subclasses implement `_open` (boot the engine or connect to the server; called by `ready()`, once the
+controls are prepared), `_complete` (run one list of requests) and `_close`.
 
 What it can do is what it advertises: sampled rollouts (best-of-n) and serving a checkpoint, plus layer-vector
 state controls (CAA, ActAdd with a given vector) lowered into the engine per request (`vllm_steering`). It cannot
@@ -65,6 +65,9 @@ class TokenEngineBackend(EngineSteering, Backend):
         self._rollout_calls = 0
         self._lock = threading.Lock()
         self._generation_eos: list[int] = []
+        self._reference: str | None = None
+        self._trust_remote_code = False
+        self._opened = False
 
     # ------------------------------------------------------------------ load
     def load(self, source: ModelSource, *, model: Any = None, tokenizer: Any = None) -> None:
@@ -85,7 +88,14 @@ class TokenEngineBackend(EngineSteering, Backend):
         self._trust_remote_code = source.trust_remote_code
         self.tokenizer = self._client_tokenizer(tokenizer, source.tokenizer_name_or_path, source.trust_remote_code)
         self._generation_eos = _generation_config_eos(self.model_path)
-        self._open(model_name_or_path=reference, trust_remote_code=source.trust_remote_code)
+        self._reference = reference
+
+    def ready(self) -> None:
+        """Start the engine (or connect to the server) once the controls are prepared: a vector fitted on the
+        Hugging Face model (`engine_fit`) is released before the engine takes the device."""
+        if not self._opened:
+            self._open(model_name_or_path=self._reference, trust_remote_code=self._trust_remote_code)
+            self._opened = True
 
     def _client_tokenizer(self, tokenizer: Any, tokenizer_name_or_path: str | None, trust_remote_code: bool) -> Any:
         from steer_hydra.backends.huggingface import ensure_pad_token
@@ -195,6 +205,7 @@ class TokenEngineBackend(EngineSteering, Backend):
 
     def release(self) -> None:
         self._close()
+        self._opened = False
         self.model = None
 
 

@@ -61,6 +61,7 @@ class VLLMBackend(TokenEngineBackend):
     """An offline vLLM engine: input controls, lowered stopping rules and sampled best-of-n run here."""
 
     kind = "vllm"
+    fits_vectors = True  # CAA with data= / ActAdd with a prompt pair: fitted on the checkpoint's HF model first
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(options)

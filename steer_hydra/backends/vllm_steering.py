@@ -25,7 +25,7 @@ import json
 import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -114,13 +114,14 @@ def meta_skeleton(model_path: str, trust_remote_code: bool) -> torch.nn.Module:
 
 
 def bind(control: Any, skeleton: torch.nn.Module, tokenizer: Any, backend_kind: str, **steer_kwargs: Any) -> None:
-    """Bind a lowerable control (layer, vector, scaling) on the skeleton; a vector to fit is refused, naming why."""
+    """Bind a lowerable control (layer, vector, scaling) on the skeleton; a vector still to fit must come fitted
+    (`fitted_vector=`, see `engine_fit`), else it is refused naming why."""
     name = type(control).__name__
-    if Capability.HIDDEN_CAPTURE in control.requirements():
+    if Capability.HIDDEN_CAPTURE in control.requirements() and steer_kwargs.get("fitted_vector") is None:
         raise ValueError(
-            f"{name} fits its vector from hidden states, which backend={backend_kind} cannot capture. Fix: fit it on "
-            f"backend=huggingface, save it (SteeringVector.save) and pass {name}(steering_vector=PATH), or use "
-            "backend=huggingface."
+            f"{name} fits its vector from hidden states, which backend={backend_kind} cannot capture. Fix: use "
+            f"backend=vllm (it fits on the Hugging Face model of the same checkpoint first), or fit it on "
+            f"backend=huggingface, save it (SteeringVector.save) and pass {name}(steering_vector=PATH)."
         )
     control.steer(skeleton, tokenizer=tokenizer, backend=backend_kind, **steer_kwargs)
 
@@ -161,19 +162,30 @@ class EngineSteering:
     kind: str
     model_path: str | None
     tokenizer: Any
+    # whether a vector to fit is fitted on the Hugging Face model of the engine's checkpoint (`engine_fit`): the
+    # in-process engine has that checkpoint locally; a server's may live elsewhere
+    fits_vectors: ClassVar[bool] = False
 
     @classmethod
     def requirements_of(cls, control: Any) -> frozenset[Capability]:
-        return lowered_requirements(control)
+        needs = lowered_requirements(control)
+        return needs - {Capability.HIDDEN_CAPTURE} if cls.fits_vectors and is_lowerable(control) else needs
 
     def steer_control(self, control: Any, tokenizer: Any, **steer_kwargs: Any) -> Any:
         if not is_lowerable(control):
             return control.steer(None, tokenizer=tokenizer, backend=self.kind, **steer_kwargs)
         if self.model_path is None:
             raise ValueError(f"backend={self.kind} lowers {type(control).__name__} from model_name_or_path=; none.")
+        trust_remote_code = getattr(self, "_trust_remote_code", False)
+        if Capability.HIDDEN_CAPTURE in control.requirements() and self.fits_vectors:
+            from steer_hydra.backends.engine_fit import fitted_for_engine
+
+            steer_kwargs["fitted_vector"] = fitted_for_engine(
+                control, self.model_path, tokenizer, trust_remote_code=trust_remote_code
+            )
         skeleton = getattr(self, "_skeleton", None)
         if skeleton is None:
-            skeleton = self._skeleton = meta_skeleton(self.model_path, getattr(self, "_trust_remote_code", False))
+            skeleton = self._skeleton = meta_skeleton(self.model_path, trust_remote_code)
         bind(control, skeleton, tokenizer, self.kind, **steer_kwargs)
         return None
 

@@ -97,7 +97,7 @@ class Backend(ABC):
         supports_refill: it implements `refill_engine` (slot refill between decode steps).
     And what it overrides when the default does not fit: `protocol_options` (which options bear on generation),
     `rollout` (decoding drivers), `requirements_of`, `steer_control`, `state_hooks` and `applied` (how state
-    controls run on it), `identity`, `release`.
+    controls run on it), `ready` (start an engine once the controls are prepared), `identity`, `release`.
     """
 
     kind: ClassVar[str]
@@ -168,6 +168,12 @@ class Backend(ABC):
     def steer_control(self, control: Any, tokenizer: Any, **steer_kwargs: Any) -> Any:
         """Prepare one enabled control after `load()` (default: the control's `steer()` on the live model)."""
         return control.steer(self.model, tokenizer=tokenizer, backend=self.kind, **steer_kwargs)
+
+    def ready(self) -> None:
+        """Called once every control is prepared, before any generation: a backend that starts its engine only
+        then (so that preparing controls, e.g. fitting a vector on another model, never shares the device with
+        it) starts it here. Default: nothing."""
+        return None
 
     def state_hooks(
         self, control: Any, input_ids: torch.Tensor, runtime_kwargs: Mapping[str, Any], **kwargs: Any

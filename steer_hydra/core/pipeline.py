@@ -186,6 +186,7 @@ class SteeringPipeline:
                 replaced = backend.steer_control(control, self.tokenizer, **steer_kwargs)
                 if isinstance(replaced, torch.nn.Module):
                     backend.model = self.model = replaced
+            backend.ready()
         except BaseException:
             backend.release()
             self.model, self.tokenizer = given_model, given_tokenizer  # a failed steer keeps no loaded model

@@ -170,16 +170,16 @@ def test_a_forced_vllm_v2_runner_is_refused_before_anything_loads(compose_cfg, m
 
 
 def test_a_control_the_backend_cannot_run_is_refused_in_one_line_before_wandb_or_a_model(run_main, monkeypatch):
-    """CAA with a vector still to fit needs hidden states, which no vLLM engine captures."""
+    """PASTA edits attention in process, which no vLLM engine runs."""
     from steer_hydra.evaluation import runner as runner_module
 
     monkeypatch.setattr(preflight_module, "check_backend", lambda plain: [])  # as where vllm is installed
     monkeypatch.setattr(runner_module.PipelineFactory, "steered", lambda *a, **k: pytest.fail("a model was loaded"))
     monkeypatch.setenv("WANDB_MODE", "offline")
-    code, out, err = run_main("arm=caa", "backend=vllm", "model=tiny", "suite.limit=1", "progress=false")
+    code, out, err = run_main("arm=pasta", "backend=vllm", "model=tiny", "suite.limit=1", "progress=false")
     lines = [line for line in err.splitlines() if "invalid configuration" in line]
     assert code == 1 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
-    assert "caa [" in lines[0] and "needs hidden_capture, which backend 'vllm' does not offer" in lines[0]
+    assert "pasta [" in lines[0] and "needs in_process_torch, which backend 'vllm' does not offer" in lines[0]
     assert "Fix: use backend=huggingface" in lines[0]
     assert not [p for p in Path("outputs").rglob("*") if p.name == "wandb"]  # refused before W&B started
 

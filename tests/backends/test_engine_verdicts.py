@@ -144,11 +144,17 @@ REFUSED = [
 ]
 
 
+FITTED_HERE = {("vllm", "CAA"), ("vllm", "ActAdd")}  # the offline engine fits these on the Hugging Face model first
+
+
 @pytest.mark.parametrize("kind", ENGINES, ids=ENGINE_IDS)
 @pytest.mark.parametrize(("module", "name", "build"), REFUSED, ids=[r[1] for r in REFUSED])
 def test_real_in_process_controls_are_refused_with_the_fix(kind, module, name, build):
     control = _real(module, name, build)
     report = _pipeline([control], kind).check()
+    if (kind, name) in FITTED_HERE:
+        assert report.ok, str(report)
+        return
     assert [f.control for f in report.failures] == [name]
     assert "backend=huggingface" in report.failures[0].message and kind in report.failures[0].message
 

@@ -99,8 +99,8 @@ def test_check_says_what_the_engine_can_and_cannot_steer(tiny64_engine):
     fitted = CAA(data=[{"positive": "yes", "negative": "no"}])
     given = CAA(steering_vector=torch.ones(256), layer_id=0)
     report = SteeringPipeline(TINY64, controls=[pasta, fitted, given], backend="vllm").check()
-    assert [f.control for f in report.failures] == ["PASTA", "CAA"]
-    assert "in_process_torch" in report.failures[0].message and "hidden_capture" in report.failures[1].message
+    assert [f.control for f in report.failures] == ["PASTA"]  # a vector to fit is fitted on the HF model first
+    assert "in_process_torch" in report.failures[0].message
 
 
 def test_an_inspect_eval_through_the_provider_scores_like_hugging_face(

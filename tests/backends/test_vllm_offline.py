@@ -15,7 +15,7 @@ import torch
 
 from steer_hydra.backends.lowering import sampling_fields
 from steer_hydra.backends.vllm import INSTALL_HINT, VLLMBackend, engine_kwargs
-from steer_hydra.backends.vllm_steering import ENV_FLAG, RUNNER_ENV, XARGS_KEY, XARGS_START
+from steer_hydra.backends.vllm_steering import ENV_FLAG, RUNNER_ENV, XARGS_KEY, XARGS_START, lower
 from steer_hydra.controls.input import SystemPrompt
 from steer_hydra.controls.state import CAA
 from steer_hydra.core import BackendSpec, GenerationParams, SteeringPipeline
@@ -208,3 +208,48 @@ def test_an_engine_that_ignores_steering_is_caught_before_any_steered_row(fake_v
         pipeline.generate(input_ids=[[1, 50, 60]], max_new_tokens=3)
     assert len(pipeline._backend.engine.calls) == 1  # only the probe ran
     pipeline.release()
+
+
+PAIRS = [
+    {"prompt": "Answer:", "positive": "yes, gladly", "negative": "no, never"},
+    {"prompt": "Reply:", "positive": "of course", "negative": "certainly not"},
+]
+
+
+def test_a_vector_to_fit_is_fitted_on_the_hf_model_before_the_engine_boots_and_cached(fake_vllm, monkeypatch, tmp_path):
+    import transformers
+
+    events: list[str] = []
+    load = transformers.AutoModelForCausalLM.from_pretrained
+    boot = fake_vllm.LLM
+    monkeypatch.setattr(
+        transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: events.append("hf model") or load(*a, **k)
+    )
+    monkeypatch.setattr(fake_vllm, "LLM", lambda **kwargs: events.append("engine") or boot(**kwargs))
+    monkeypatch.setenv("STEER_HYDRA_CACHE", str(tmp_path / "cache"))
+    spec = BackendSpec("vllm", {"enforce_eager": True})
+    vectors = tmp_path / "cache" / "vectors"
+
+    caa = CAA(data=PAIRS, layer_id=1, multiplier=2.0)
+    assert SteeringPipeline(TINY_REF, controls=[caa], backend=spec).check().ok  # no longer refused on vllm
+    pipeline = SteeringPipeline(TINY_REF, controls=[caa], backend=spec).steer()
+    assert events == ["hf model", "engine"]  # fitted (and that model dropped) before the engine started
+    pipeline.release()
+    reference = CAA(data=PAIRS, layer_id=1, multiplier=2.0)
+    SteeringPipeline(TINY_REF, controls=[reference]).steer().release()  # fitted in process, on Hugging Face
+    assert torch.allclose(lower(caa).rows, reference.residual_addition().rows)
+    assert len(list(vectors.glob("*.safetensors"))) == 1
+
+    events.clear()
+    again = CAA(data=PAIRS, layer_id=1, multiplier=-1.0)  # another multiplier: the same fit, read from the cache
+    SteeringPipeline(TINY_REF, controls=[again], backend=spec).steer().release()
+    assert events == ["engine"] and again.vector_hash == caa.vector_hash
+    events.clear()
+    other = CAA(data=PAIRS[:1], layer_id=1)  # other pairs: another fit
+    SteeringPipeline(TINY_REF, controls=[other], backend=spec).steer().release()
+    assert events == ["hf model", "engine"] and len(list(vectors.glob("*.safetensors"))) == 2
+    assert other.vector_hash != caa.vector_hash
+
+    serve = BackendSpec("vllm_serve", {"base_url": "http://127.0.0.1:1"})  # a server's checkpoint may live elsewhere
+    report = SteeringPipeline(TINY_REF, controls=[CAA(data=PAIRS)], backend=serve).check()
+    assert not report.ok and "hidden_capture" in report.failures[0].message

@@ -85,9 +85,10 @@ class ActAdd(LayerVectorControl):
 
     DEFAULT_DEPTH = DEFAULT_DEPTH
     MIN_DEFAULT_LAYER = 1
+    FIT_FIELDS = ("positive_prompt", "negative_prompt", "layer_id")
 
     def steer(self, model: torch.nn.Module | None, tokenizer: Any = None, **kwargs: Any) -> None:
-        self._bind(model, tokenizer, self._fit, _as_block)
+        self._bind(model, tokenizer, self._fit, _as_block, fitted=kwargs.get("fitted_vector"))
         return None
 
     def _fit(self, model: torch.nn.Module, tokenizer: Any, layout: ModelLayout, layer: int) -> SteeringVector:

@@ -108,9 +108,10 @@ class CAA(LayerVectorControl):
     supports_refill = True  # decode positions are past the layout prompt it is given (see backends.refill)
 
     DEFAULT_DEPTH = DEFAULT_DEPTH
+    FIT_FIELDS = ("data", "layer_id", "prompt_format", "accumulate")
 
     def steer(self, model: torch.nn.Module | None, tokenizer: Any = None, **kwargs: Any) -> None:
-        self._bind(model, tokenizer, self._fit, _as_direction)
+        self._bind(model, tokenizer, self._fit, _as_direction, fitted=kwargs.get("fitted_vector"))
         return None
 
     def _fit(self, model: torch.nn.Module, tokenizer: Any, layout: ModelLayout, layer: int) -> SteeringVector:

@@ -82,13 +82,15 @@ class LayerVectorControl(StateControl):
     """A state control that adds `multiplier *` a steering tensor at one decoder layer.
 
     Subclasses' Args extend `LayerVectorArgs` with fields `steering_vector`, `layer_id`, `multiplier` and
-    `normalize_vector`, set `DEFAULT_DEPTH` (and `MIN_DEFAULT_LAYER`), and call `_bind(...)` in `steer()`; the
+    `normalize_vector`, set `DEFAULT_DEPTH` (and `MIN_DEFAULT_LAYER`, and `FIT_FIELDS` when they fit a vector), and
+    call `_bind(...)` in `steer()` (passing `fitted_vector=` from the steer kwargs on); the
     hooks read `_delta(hidden)`. Each subclass implements `residual_addition()` (its effect is one fixed addition,
     `adds_residual`) from `added_rows()`, the very tensor its hooks add, so an engine that lowers it steers alike.
     """
 
     DEFAULT_DEPTH: ClassVar[float]
     MIN_DEFAULT_LAYER: ClassVar[int] = 0
+    FIT_FIELDS: ClassVar[tuple[str, ...]] = ()  # the arguments a fitted vector depends on (`fit_identity`)
     adds_residual = True
 
     def _configure(self) -> None:
@@ -98,6 +100,7 @@ class LayerVectorControl(StateControl):
         self._steering: torch.Tensor | None = None  # the tensor added (normalized/scaled if asked), before multiplier
         self._unit_scale: float | None = None  # the residual median norm with strength_unit='median_norm'
         self._deltas: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+        self._fitted: SteeringVector | None = None  # the vector fitted at steer(), before its direction
 
     def requirements(self) -> frozenset[Capability]:
         needs = {Capability.IN_PROCESS_TORCH}
@@ -109,6 +112,19 @@ class LayerVectorControl(StateControl):
     def vector(self) -> SteeringVector | None:
         """The steering vector in use (given or fitted), before normalisation and multiplier; None before steer."""
         return self._vector
+
+    @property
+    def fitted_vector(self) -> SteeringVector | None:
+        """The vector fitted at `steer()` from hidden states, before direction and scaling (None when given)."""
+        return self._fitted
+
+    def load_vector(self, path: Any) -> SteeringVector:
+        """A vector saved with `SteeringVector.save` (what an engine backend's cache of fitted vectors holds)."""
+        return SteeringVector.load(path)
+
+    def fit_identity(self) -> dict[str, Any]:
+        """What the fitted vector depends on besides the model: the control and its `FIT_FIELDS` arguments."""
+        return {"control": type(self).__name__, **{name: getattr(self, name) for name in self.FIT_FIELDS}}
 
     @property
     def vector_hash(self) -> str | None:
@@ -129,9 +145,16 @@ class LayerVectorControl(StateControl):
         self._deltas.clear()
 
     def _bind(
-        self, model: torch.nn.Module | None, tokenizer: Any, fit: Fit, prepare: Callable[[torch.Tensor], torch.Tensor]
+        self,
+        model: torch.nn.Module | None,
+        tokenizer: Any,
+        fit: Fit,
+        prepare: Callable[[torch.Tensor], torch.Tensor],
+        fitted: SteeringVector | None = None,
     ) -> SteeringVector:
-        """Resolve the layout and layer, load or `fit` the vector, and keep `prepare(tensor)` as the steering."""
+        """Resolve the layout and layer, load or `fit` the vector (or take `fitted`, the vector this control's fit
+        gave on the same checkpoint elsewhere: an engine backend fits on the Hugging Face model), and keep
+        `prepare(tensor)` as the steering."""
         name = type(self).__name__
         if model is None:
             raise RuntimeError(f"{name} needs the live model in this process; use backend=huggingface.")
@@ -149,11 +172,15 @@ class LayerVectorControl(StateControl):
                 f"{name}.layer_id={layer} is out of range; the model has {layout.num_layers} layers "
                 f"(0..{layout.num_layers - 1})."
             )
-        if given is None:
+        if given is None and fitted is not None:
+            if fitted.layer is not None and fitted.layer != layer:
+                raise ValueError(f"{name}: the vector fitted elsewhere is for layer {fitted.layer}, not {layer}.")
+            given = self._fitted = fitted
+        elif given is None:
             tokenizer = tokenizer if tokenizer is not None else self.tokenizer
             if tokenizer is None:
                 raise ValueError(f"{name} needs a tokenizer to fit its vector; pass one to steer().")
-            given = fit(model, tokenizer, layout, layer)
+            given = self._fitted = fit(model, tokenizer, layout, layer)
         used = apply_direction(given, self.direction, self.direction_seed)
         steering = prepare(used.tensor).float()
         check_hidden_size(steering, layout.hidden_size, f"{name}.steering_vector")
