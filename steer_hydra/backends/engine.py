@@ -57,6 +57,9 @@ class TokenEngineBackend(EngineSteering, Backend):
     )
     native_n: ClassVar[bool] = True
     batches_distinct_seeds: ClassVar[bool] = True
+    # the model group's `hf_model_kwargs.dtype` sets the engine's dtype where its options leave it to vLLM ("auto"),
+    # so a model config gives the same numerics on Hugging Face and in the engine (and its vectors are fitted so)
+    uses_model_dtype: ClassVar[bool] = False
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(options)
@@ -68,6 +71,7 @@ class TokenEngineBackend(EngineSteering, Backend):
         self._reference: str | None = None
         self._trust_remote_code = False
         self._opened = False
+        self._model_dtype: Any = None
 
     # ------------------------------------------------------------------ load
     def load(self, source: ModelSource, *, model: Any = None, tokenizer: Any = None) -> None:
@@ -77,10 +81,12 @@ class TokenEngineBackend(EngineSteering, Backend):
                 f"({type(model).__name__}). Fix: pass model_name_or_path= (save_pretrained a custom model first), "
                 "or use backend=huggingface."
             )
-        if source.hf_model_kwargs:
+        self._model_dtype = source.hf_model_kwargs.get("dtype") if self.uses_model_dtype else None
+        unused = sorted(k for k in source.hf_model_kwargs if not (k == "dtype" and self.uses_model_dtype))
+        if unused:
             logger.warning(
                 "hf_model_kwargs %s are not used by backend=%s; engine settings go in the backend options.",
-                sorted(source.hf_model_kwargs),
+                unused,
                 self.kind,
             )
         reference = source.model_name_or_path

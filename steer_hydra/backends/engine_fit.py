@@ -55,9 +55,15 @@ def fit_key(control: Any, model_path: str, *, dtype: torch.dtype, device: str) -
     return hashlib.sha256(canonical_json(payload).encode()).hexdigest()[:32]
 
 
-def fitted_for_engine(control: Any, model_path: str, tokenizer: Any, *, trust_remote_code: bool = False) -> Any:
-    """The vector `control` fits on `model_path`'s Hugging Face model: from the cache, or fitted now and cached."""
-    device, dtype = _fit_device(), torch.float32
+def fitted_for_engine(
+    control: Any, model_path: str, tokenizer: Any, *, trust_remote_code: bool = False, dtype: Any = None
+) -> Any:
+    """The vector `control` fits on `model_path`'s Hugging Face model (in `dtype`: the model group's, a name or a
+    torch dtype; default float32): from the cache, or fitted now and cached."""
+    device = _fit_device()
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) and dtype != "auto" else (dtype or torch.float32)
+    if not isinstance(dtype, torch.dtype):
+        dtype = torch.float32
     path = cache_dir() / "vectors" / f"{fit_key(control, model_path, dtype=dtype, device=device)}.safetensors"
     name = type(control).__name__
     if path.is_file():

@@ -9,8 +9,9 @@ with a given vector run inside the engine (`steer_hydra.backends.vllm_steering`:
 (`VLLM_USE_V2_MODEL_RUNNER=0`), the one the plugin hooks, for every arm; a V2 runner forced in the environment is
 refused before the engine loads. Options are `vllm.LLM` engine kwargs
 (`tensor_parallel_size`, `gpu_memory_utilization`, `max_model_len`, `dtype`, `enforce_eager`, ...); a None
-value means "vLLM's default". A save_dir protocol records all of them (the `Backend.protocol_options` default):
-they set the engine's numerics and batching.
+value means "vLLM's default", and `dtype: auto` takes the model group's `hf_model_kwargs.dtype` when it names one
+(the same numerics as on Hugging Face). A save_dir protocol records all of them (the `Backend.protocol_options`
+default): they set the engine's numerics and batching.
 """
 
 from __future__ import annotations
@@ -44,8 +45,11 @@ def import_vllm() -> Any:
     return vllm
 
 
-def engine_kwargs(options: Mapping[str, Any], *, model_path: str, trust_remote_code: bool) -> dict[str, Any]:
-    """`vllm.LLM(**kwargs)` from the backend options: None values dropped, model and tokenizer set here."""
+def engine_kwargs(
+    options: Mapping[str, Any], *, model_path: str, trust_remote_code: bool, model_dtype: Any = None
+) -> dict[str, Any]:
+    """`vllm.LLM(**kwargs)` from the backend options: None values dropped, model and tokenizer set here, and the
+    model's own dtype (`hf_model_kwargs.dtype`, a name) where the options leave the dtype to vLLM."""
     owned = sorted(set(options) & set(_OWNED))
     if owned:
         raise ValueError(
@@ -53,6 +57,8 @@ def engine_kwargs(options: Mapping[str, Any], *, model_path: str, trust_remote_c
             "tokenizer_name_or_path=, trust_remote_code=)."
         )
     kwargs = {k: v for k, v in options.items() if v is not None}
+    if kwargs.get("dtype", "auto") == "auto" and isinstance(model_dtype, str) and model_dtype != "auto":
+        kwargs["dtype"] = model_dtype
     kwargs.update(model=model_path, tokenizer=model_path, trust_remote_code=trust_remote_code)
     return kwargs
 
@@ -62,6 +68,7 @@ class VLLMBackend(TokenEngineBackend):
 
     kind = "vllm"
     fits_vectors = True  # CAA with data= / ActAdd with a prompt pair: fitted on the checkpoint's HF model first
+    uses_model_dtype = True
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(options)
@@ -70,7 +77,9 @@ class VLLMBackend(TokenEngineBackend):
     def _open(self, *, model_name_or_path: str | None, trust_remote_code: bool) -> None:
         if self.model_path is None:
             raise ValueError("backend=vllm boots an engine from model_name_or_path=; none was given.")
-        kwargs = engine_kwargs(self.options, model_path=self.model_path, trust_remote_code=trust_remote_code)
+        kwargs = engine_kwargs(
+            self.options, model_path=self.model_path, trust_remote_code=trust_remote_code, model_dtype=self._model_dtype
+        )
         vllm = import_vllm()
         with steering_engine_environment():  # the worker plugin on, vLLM's V1 model runner (the one it hooks)
             logger.info("Booting vLLM engine for %s with %s (%s=0)", self.model_path, kwargs, RUNNER_ENV)

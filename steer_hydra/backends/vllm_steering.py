@@ -181,7 +181,11 @@ class EngineSteering:
             from steer_hydra.backends.engine_fit import fitted_for_engine
 
             steer_kwargs["fitted_vector"] = fitted_for_engine(
-                control, self.model_path, tokenizer, trust_remote_code=trust_remote_code
+                control,
+                self.model_path,
+                tokenizer,
+                trust_remote_code=trust_remote_code,
+                dtype=getattr(self, "_model_dtype", None),
             )
         skeleton = getattr(self, "_skeleton", None)
         if skeleton is None:

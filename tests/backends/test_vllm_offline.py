@@ -18,7 +18,7 @@ from steer_hydra.backends.vllm import INSTALL_HINT, VLLMBackend, engine_kwargs
 from steer_hydra.backends.vllm_steering import ENV_FLAG, RUNNER_ENV, XARGS_KEY, XARGS_START, lower
 from steer_hydra.controls.input import SystemPrompt
 from steer_hydra.controls.state import CAA
-from steer_hydra.core import BackendSpec, GenerationParams, SteeringPipeline
+from steer_hydra.core import BackendSpec, GenerationParams, ModelSource, SteeringPipeline
 from steer_hydra.core.backend import backend_class
 from steer_hydra.core.identity import derive_item_seed
 from steer_hydra.models import TINY_REF, build_tiny_model
@@ -159,6 +159,19 @@ def test_engine_kwargs_drop_nones_and_refuse_pipeline_owned_keys():
     assert kwargs == {"dtype": "auto", "model": "/m", "tokenizer": "/m", "trust_remote_code": True}
     with pytest.raises(ValueError, match=r"may not set \['model'\]"):
         engine_kwargs({"model": "/other"}, model_path="/m", trust_remote_code=False)
+
+
+def test_the_engine_takes_the_model_groups_dtype_where_its_options_leave_it_to_vllm(fake_vllm):
+    def dtype_of(options, model_dtype):
+        return engine_kwargs(options, model_path="/m", trust_remote_code=False, model_dtype=model_dtype).get("dtype")
+
+    assert dtype_of({"dtype": "auto"}, "float32") == dtype_of({}, "float32") == "float32"
+    assert dtype_of({"dtype": "bfloat16"}, "float32") == "bfloat16"  # the backend's own setting wins
+    assert dtype_of({"dtype": "auto"}, None) == "auto"
+    source = ModelSource(TINY_REF, device_map=None, hf_model_kwargs={"dtype": "float32"})
+    pipeline = SteeringPipeline(source, backend=BackendSpec("vllm", {"dtype": "auto"})).steer()
+    assert pipeline._backend.engine.kwargs["dtype"] == "float32"
+    pipeline.release()
 
 
 def test_generate_before_load_says_how_to_start():
