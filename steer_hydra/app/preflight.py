@@ -31,6 +31,7 @@ from omegaconf import OmegaConf
 from steer_hydra.app.plan import ConfigError, to_plain
 from steer_hydra.app.schema import dir_name_problem, writable_dir_problem
 from steer_hydra.app.secrets import is_secret_name
+from steer_hydra.core.layout import CONTEXT_FIELDS, config_int
 
 HUB_TIMEOUT = 5.0  # seconds for one Hub lookup of a model id that is not cached locally
 CONNECT_TIMEOUT = 3.0  # seconds to reach a vllm_serve server's port
@@ -46,7 +47,6 @@ OUTPUT_DIRS = ("output_root", "save_dir")  # directories a job creates and write
 FAILURE_POLICY_KEYS = ("fail_on_error", "continue_on_fail")
 SUITE_RETRY_KEYS = ("retry_attempts", "retry_on_error")  # eval_set options the suite sets from suite.<key>
 EXTRA_FOR_PACKAGE = {"inspect_evals": "pip install 'steer_hydra[evals]' (the inspect-evals package)"}
-_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 _HEAD_KEYS = ("num_attention_heads", "n_head", "num_heads")
 SMOLLM2_SHAPE = {"num_hidden_layers": 30, "num_attention_heads": 9}  # steer_hydra:smollm2 (SmolLM2-135M-Instruct)
@@ -513,35 +513,23 @@ def model_config(plain: Mapping[str, Any]) -> tuple[Mapping[str, Any], str] | No
     return (config, ref) if isinstance(config, Mapping) else None
 
 
-def _config_int(config: Mapping[str, Any], keys: tuple[str, ...]) -> tuple[int, str] | None:
-    """The first positive integer among `keys` (top level, then a multimodal model's `text_config`)."""
-    text_config = config.get("text_config")
-    for key in keys:
-        value = config.get(key)
-        if value is None and isinstance(text_config, Mapping):
-            value = text_config.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value, key
-    return None
-
-
 def model_context(plain: Mapping[str, Any]) -> tuple[int, str] | None:
     """`(tokens, where it comes from)` of the model's context window when known without loading, else None."""
     max_model_len = _get(plain, "backend.options.max_model_len")
     if isinstance(max_model_len, int) and not isinstance(max_model_len, bool):
         return max_model_len, "backend.options.max_model_len"
     found = model_config(plain)
-    context = _config_int(found[0], _CONTEXT_KEYS) if found else None
+    context = config_int(found[0], CONTEXT_FIELDS) if found else None
     return (context[0], f"{context[1]} of {found[1]}") if context and found else None
 
 
 def model_shape(plain: Mapping[str, Any]) -> tuple[int, int | None, str] | None:
     """`(decoder layers, attention heads or None, where it comes from)` when known without loading, else None."""
     found = model_config(plain)
-    layers = _config_int(found[0], _LAYER_KEYS) if found else None
+    layers = config_int(found[0], _LAYER_KEYS) if found else None
     if not found or not layers:
         return None
-    heads = _config_int(found[0], _HEAD_KEYS)
+    heads = config_int(found[0], _HEAD_KEYS)
     return layers[0], heads[0] if heads else None, f"{layers[1]} of {found[1]}"
 
 

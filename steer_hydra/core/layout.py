@@ -4,17 +4,42 @@
 text config's `num_hidden_layers`) and, in each block, the self-attention module, and returns dotted paths that
 `HookSet` specs and `model.get_submodule` accept. Nothing is hard-coded per family: Llama, Qwen2/3, Mistral,
 Gemma 1-3, GPT-2 style (`transformer.h[i].attn`) and GPT-NeoX style (`layers[i].attention`) all resolve.
+
+`config_int(config, keys)` reads one shape field (context window, layers, heads) from a model config, whether a
+`config.json` mapping read without loading the model or a loaded model's config object.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 logger = logging.getLogger(__name__)
+
+# A model config's context-window field, by family (the first one present counts).
+CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
+
+
+def config_int(config: Any, keys: tuple[str, ...]) -> tuple[int, str] | None:
+    """`(value, key)` of the first positive integer among `keys` in a model config (a mapping or a transformers
+    config object), at its top level or else in a multimodal model's `text_config`; None when none is set."""
+
+    def get(source: Any, key: str) -> Any:
+        return source.get(key) if isinstance(source, Mapping) else getattr(source, key, None)
+
+    text_config = get(config, "text_config")
+    for key in keys:
+        value = get(config, key)
+        if value is None and text_config is not None:
+            value = get(text_config, key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value, key
+    return None
+
 
 # Attribute names a block commonly gives its self-attention module, most specific first.
 _ATTENTION_NAMES = ("self_attn", "self_attention", "attn", "attention")

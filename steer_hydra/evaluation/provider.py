@@ -54,6 +54,7 @@ from inspect_ai.model import (
 )
 
 from steer_hydra.core.controls import runtime_kwargs_schema
+from steer_hydra.core.layout import CONTEXT_FIELDS, config_int
 from steer_hydra.core.output import truncate_at_stop_strings
 from steer_hydra.core.pipeline import RESERVED_TEMPLATE_KWARGS
 from steer_hydra.core.rendering import has_chat_template, render_messages
@@ -81,7 +82,6 @@ DEFAULT_MODEL_NAME = "steering-pipeline"
 RUNTIME_KWARGS_EXTRA_BODY_KEY = "runtime_kwargs"
 
 _STOP_REASONS = {"length": "max_tokens", "stop": "stop", "eos": "stop"}
-_CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx")
 
 _GENERATION_ONLY = (
     "The steer_hydra provider is generation-only: it evaluates open-ended generations of a steering pipeline "
@@ -98,14 +98,7 @@ def context_window(pipeline: Any) -> tuple[int, str] | None:
     """`(tokens, config field)` of the context window of the pipeline's loaded local model, from its config; None
     when the pipeline holds no local model (vLLM, a server) or its config does not say."""
     config = getattr(getattr(pipeline, "model", None), "config", None)
-    if config is None:
-        return None
-    for source in (config, getattr(config, "text_config", None)):
-        for name in _CONTEXT_FIELDS:
-            value = getattr(source, name, None) if source is not None else None
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value, name
-    return None
+    return config_int(config, CONTEXT_FIELDS) if config is not None else None
 
 
 # Called on every error a request raises, before Inspect records it in the sample's log: the app passes one that
