@@ -102,7 +102,7 @@ class ProviderConfig:
     reasoning_split: ReasoningSplit = ReasoningSplit.auto
     on_unsupported_param: OnUnsupportedParam = OnUnsupportedParam["raise"]
     seed_scope: SeedScope = SeedScope[DEFAULT_SEED_SCOPE]
-    batching: Batching = Batching.auto  # refill where the arm allows it (Hugging Face backend), else static
+    batching: Batching = Batching.auto  # stream on vLLM, refill where the arm allows it (Hugging Face), else static
 
 
 @dataclass

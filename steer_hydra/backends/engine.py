@@ -49,7 +49,8 @@ class TokenEngineBackend(EngineSteering, Backend):
     """Base of backends that generate on a vLLM engine (in this process or behind a server) from token ids.
 
     Declares sampled rollouts and checkpoint serving as capabilities, `native_n` (the engine returns the `n`
-    candidates) and `batches_distinct_seeds` (a seed per request); no refill engine (`supports_refill` False).
+    candidates), `batches_distinct_seeds` (a seed per request) and `streams` (calls from several threads run at
+    once: each request goes to the engine, whose scheduler batches them); no refill engine (`supports_refill`).
     """
 
     capabilities: ClassVar[frozenset[Capability]] = frozenset(
@@ -57,6 +58,7 @@ class TokenEngineBackend(EngineSteering, Backend):
     )
     native_n: ClassVar[bool] = True
     batches_distinct_seeds: ClassVar[bool] = True
+    streams: ClassVar[bool] = True
     # the model group's `hf_model_kwargs.dtype` sets the engine's dtype where its options leave it to vLLM ("auto"),
     # so a model config gives the same numerics on Hugging Face and in the engine (and its vectors are fitted so)
     uses_model_dtype: ClassVar[bool] = False

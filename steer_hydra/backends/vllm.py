@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from steer_hydra.backends.engine import TokenEngineBackend
+from steer_hydra.backends.vllm_loop import EngineLoop
 from steer_hydra.backends.vllm_steering import RUNNER_ENV, V1_RUNNER, is_lowerable, steering_engine_environment
 
 logger = logging.getLogger(__name__)
@@ -73,6 +74,7 @@ class VLLMBackend(TokenEngineBackend):
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(options)
         self.engine: Any = None
+        self._loop: EngineLoop | None = None
 
     def _open(self, *, model_name_or_path: str | None, trust_remote_code: bool) -> None:
         if self.model_path is None:
@@ -84,6 +86,9 @@ class VLLMBackend(TokenEngineBackend):
         with steering_engine_environment():  # the worker plugin on, vLLM's V1 model runner (the one it hooks)
             logger.info("Booting vLLM engine for %s with %s (%s=0)", self.model_path, kwargs, RUNNER_ENV)
             self.engine = vllm.LLM(**kwargs)
+        from vllm.sampling_params import RequestOutputKind
+
+        self._loop = EngineLoop(self.engine.llm_engine, final_only=RequestOutputKind.FINAL_ONLY)
 
     def identity(self) -> dict[str, Any]:
         """The model runner the engine runs (vLLM's V1, for every arm: a study never mixes runners)."""
@@ -100,7 +105,7 @@ class VLLMBackend(TokenEngineBackend):
         return super().steer_control(control, tokenizer, **steer_kwargs)
 
     def _complete(self, prompts: Sequence[list[int]], fields: Sequence[dict[str, Any]]) -> list[list[list[int]]]:
-        if self.engine is None:
+        if self._loop is None:
             raise RuntimeError("The vLLM engine is not running: call steer() (or load()) first.")
         vllm = import_vllm()
         sampling, requests = [], []
@@ -109,10 +114,13 @@ class VLLMBackend(TokenEngineBackend):
             xargs, salt = row.pop("vllm_xargs", None), row.pop("cache_salt", None)
             sampling.append(vllm.SamplingParams(**row, **({"extra_args": dict(xargs)} if xargs else {})))
             requests.append({"prompt_token_ids": list(prompt), **({"cache_salt": salt} if salt else {})})
-        results = self.engine.generate(requests, sampling, use_tqdm=False)
+        results = self._loop.run(requests, sampling)
         return [[list(c.token_ids) for c in sorted(r.outputs, key=lambda c: c.index)] for r in results]
 
     def _close(self) -> None:
+        loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.close()
         engine, self.engine = self.engine, None
         if engine is None:
             return

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from steer_hydra.backends.engine import TokenEngineBackend
+from steer_hydra.core.rendering import encode_lock
 
 logger = logging.getLogger(__name__)
 
@@ -233,7 +234,8 @@ class VLLMServeBackend(TokenEngineBackend):
         self._reported: set[str] = set()
         self._fallback_warned = False
         self._count_lock = threading.Lock()
-        self._tokenizer_lock = threading.Lock()  # fast tokenizers are not safe to call from several threads
+        # requests in flight from any number of calling threads (the provider streams one call per request)
+        self._slots = threading.BoundedSemaphore(self.settings.max_concurrency)
 
     # ------------------------------------------------------------------ connection
     def _open(self, *, model_name_or_path: str | None, trust_remote_code: bool) -> None:
@@ -393,7 +395,8 @@ class VLLMServeBackend(TokenEngineBackend):
                 raise
 
     def _complete_one(self, prompt: list[int], fields: dict[str, Any]) -> list[list[int]]:
-        payload = self._request("POST", "/v1/completions", completion_body(prompt, fields, model=self.served_model))
+        with self._slots:  # at most max_concurrency in flight; a request's deadlines start when it is sent
+            payload = self._request("POST", "/v1/completions", completion_body(prompt, fields, model=self.served_model))
         choices = sorted(payload.get("choices") or [], key=lambda c: c.get("index", 0))
         if len(choices) != fields["n"]:
             raise ServerError(
@@ -408,5 +411,5 @@ class VLLMServeBackend(TokenEngineBackend):
             )
         if all(c.get("token_ids") is not None for c in choices):
             return [ids_from_choice(c, self.tokenizer) for c in choices]
-        with self._tokenizer_lock:
+        with encode_lock(self.tokenizer):
             return [ids_from_choice(c, self.tokenizer) for c in choices]

@@ -95,6 +95,8 @@ class Backend(ABC):
         batches_distinct_seeds: rows with different seeds can share one call (else the pipeline decodes them
             serially).
         supports_refill: it implements `refill_engine` (slot refill between decode steps).
+        streams: concurrent `generate` calls from several threads are safe and its engine batches them itself
+            (continuous batching across calls), so the provider may hand it each request as it arrives.
     And what it overrides when the default does not fit: `protocol_options` (which options bear on generation),
     `rollout` (decoding drivers), `requirements_of`, `steer_control`, `state_hooks` and `applied` (how state
     controls run on it), `ready` (start an engine once the controls are prepared), `identity`, `release`.
@@ -105,6 +107,7 @@ class Backend(ABC):
     native_n: ClassVar[bool] = False
     batches_distinct_seeds: ClassVar[bool] = False
     supports_refill: ClassVar[bool] = False
+    streams: ClassVar[bool] = False
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         self.options = dict(options or {})

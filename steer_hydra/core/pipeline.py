@@ -35,7 +35,7 @@ from steer_hydra.core.controls import (
 from steer_hydra.core.identity import derive_item_seed
 from steer_hydra.core.output import Output, infer_finish_reasons, truncate_at_stop_strings
 from steer_hydra.core.params import GenerationParams
-from steer_hydra.core.rendering import has_chat_template
+from steer_hydra.core.rendering import encode_lock, has_chat_template
 from steer_hydra.core.source import ModelSource
 from steer_hydra.core.tensors import left_pack, pad_left, pad_right, strip_trailing, trim_left
 
@@ -292,7 +292,8 @@ class SteeringPipeline:
         batch = [text] if single else list(text)
         if not batch or not all(isinstance(t, str) for t in batch):
             raise TypeError("text= must be a str or a non-empty list of str.")
-        encoded = self.tokenizer(batch, padding=True, return_tensors="pt")
+        with encode_lock(self.tokenizer):
+            encoded = self.tokenizer(batch, padding=True, return_tensors="pt")
         return self._adapted(encoded["input_ids"], encoded["attention_mask"], runtime_kwargs, "text", single, set())
 
     def _from_messages(
@@ -318,9 +319,15 @@ class SteeringPipeline:
                     )
                 batch = adapted
                 handled.add(id(control))
-        encoded = self.tokenizer.apply_chat_template(
-            batch, add_generation_prompt=True, padding=True, return_dict=True, return_tensors="pt", **template_kwargs
-        )
+        with encode_lock(self.tokenizer):
+            encoded = self.tokenizer.apply_chat_template(
+                batch,
+                add_generation_prompt=True,
+                padding=True,
+                return_dict=True,
+                return_tensors="pt",
+                **template_kwargs,
+            )
         return self._adapted(
             encoded["input_ids"], encoded["attention_mask"], runtime_kwargs, "messages", single, handled
         )
@@ -541,6 +548,19 @@ class SteeringPipeline:
             )
             if live and not control.export_generation_params({}):
                 blockers.append(f"{type(control).__name__} runs live logits processors or stopping criteria")
+        return blockers
+
+    def stream_blockers(self) -> list[str]:
+        """Why the provider cannot hand this pipeline each request on its own, concurrently (empty when it can):
+        the backend must batch concurrent calls itself (`Backend.streams`), and no decoding driver may run (a
+        driver's seeded rollouts keep per-call state on the backend)."""
+        if not self._is_steered:
+            return ["the pipeline is not steered"]
+        blockers = []
+        if not self._backend.streams:
+            blockers.append(f"backend {self.backend.kind!r} does not batch concurrent calls itself")
+        if self._sets.drivers():
+            blockers.append("a decoding driver owns the decode loop")
         return blockers
 
     def open_refill(self, max_rows: int) -> Any:

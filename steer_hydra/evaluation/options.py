@@ -65,7 +65,7 @@ POLICY_CHECKED_FIELDS: tuple[str, ...] = tuple(
 )
 
 UNSUPPORTED_POLICIES: tuple[str, ...] = ("raise", "warn")
-BATCHING_MODES: tuple[str, ...] = ("auto", "static", "refill")
+BATCHING_MODES: tuple[str, ...] = ("auto", "static", "refill", "stream")
 __all__ = [
     "BATCHING_MODES",
     "MAPPED_FIELDS",
@@ -99,10 +99,13 @@ class ProviderOptions:
         seed_scope: "dispatch" (the default: one derived seed per batched dispatch, decoded in one pass) or
             "item" (one seed per row, rows decoded one at a time), attached to seeded sampling requests. Static
             batching only: refill always samples each row from its own item seed.
-        batching: "auto" (the default) refills whenever the pipeline allows it and the ceiling is above 1, else
-            runs static batches (`batching_in_force`); "refill" decodes in one loop that refills a finished row's
-            slot with the next request (`RefillCollator`; Hugging Face backend, controls that declare
-            `supports_refill`); "static" runs each batch until its longest row ends (`LockLeaderCollator`).
+        batching: "auto" (the default) streams where the pipeline allows it, else refills where it allows that
+            and the ceiling is above 1, else runs static batches (`batching_in_force`); "stream" hands each
+            request to the backend on its own as it arrives, `2 * max_batch_size` at once, and the engine's
+            scheduler batches them (`StreamCollator`; vLLM backends, no decoding driver); "refill" decodes in one
+            loop that refills a finished row's slot with the next request (`RefillCollator`; Hugging Face
+            backend, controls that declare `supports_refill`); "static" runs each batch until its longest row
+            ends (`LockLeaderCollator`).
     """
 
     runtime_kwargs: Mapping[str, Any] = field(default_factory=dict)
@@ -171,18 +174,26 @@ class ProviderOptions:
         return self.max_batch_size if pipeline.supports_batching else 1
 
     def batching_in_force(self, pipeline: Any) -> str:
-        """ "refill" or "static" for `pipeline`: `batching` as given, or for "auto" refill where the pipeline can
-        (`pipeline.refill_blockers()` is empty) and the batch ceiling is above 1. An explicit "refill" the pipeline
-        cannot run raises ValueError naming why."""
+        """ "stream", "refill" or "static" for `pipeline`: `batching` as given, or for "auto" stream where the
+        pipeline can (`pipeline.stream_blockers()` is empty), else refill where it can (`refill_blockers()`) and
+        the batch ceiling is above 1, else static. An explicit mode the pipeline cannot run raises ValueError
+        naming why."""
         if self.batching == "static":
             return "static"
-        blockers_of = getattr(pipeline, "refill_blockers", None)
-        blockers = blockers_of() if callable(blockers_of) else ["the pipeline has no refill_blockers()"]
-        if self.batching == "refill":
-            if blockers:
+        found = {mode: _blockers(pipeline, f"{mode}_blockers") for mode in ("stream", "refill")}
+        if self.batching != "auto":
+            if found[self.batching]:
                 raise ValueError(
-                    f"ProviderOptions.batching='refill' but this pipeline cannot refill: {'; '.join(blockers)}. "
-                    "Fix: use batching='auto' (refill where possible, else static) or 'static'."
+                    f"ProviderOptions.batching={self.batching!r} but this pipeline cannot {self.batching}: "
+                    f"{'; '.join(found[self.batching])}. Fix: use batching='auto' (the fastest mode the pipeline "
+                    "allows) or 'static'."
                 )
-            return "refill"
-        return "refill" if not blockers and self.batch_ceiling(pipeline) > 1 else "static"
+            return self.batching
+        if not found["stream"]:
+            return "stream"
+        return "refill" if not found["refill"] and self.batch_ceiling(pipeline) > 1 else "static"
+
+
+def _blockers(pipeline: Any, method: str) -> list[str]:
+    blockers_of = getattr(pipeline, method, None)
+    return blockers_of() if callable(blockers_of) else [f"the pipeline has no {method}()"]

@@ -15,14 +15,16 @@ Contract:
 - Batch ceiling and connections: the provider's `batch_ceiling` is the ceiling in force,
   `ProviderOptions.batch_ceiling(pipeline)`. Its `max_connections()` is twice the ceiling: under static batching
   the next full batch is queued when one ends, so the collator's worker starts it at once while Inspect finishes
-  the previous batch's samples on its event loop; under refill a freed slot finds the next request waiting.
+  the previous batch's samples on its event loop; under refill a freed slot finds the next request waiting; when
+  streaming, the engine holds up to twice the ceiling (vLLM's own `max_num_seqs` bounds what it decodes at once).
   **Pass `max_connections=model.api.max_connections()` to every `inspect_ai.eval` / `eval_set` call**: Inspect's
   adaptive concurrency (on by default) ignores `ModelAPI.max_connections()` unless `max_connections` is given,
   and with it given `max_samples` defaults to the same value.
-- Batching (`ProviderOptions.batching_in_force`): "refill" (what the default "auto" picks where the pipeline allows
-  it) decodes every request in one loop that refills a finished row's slot at once
-  (`refill_serving.RefillCollator`); "static" runs each batch until its longest row ends
-  (`batching.LockLeaderCollator`).
+- Batching (`ProviderOptions.batching_in_force`, the default "auto" picks the first the pipeline allows):
+  "stream" hands each request to an engine that batches concurrent calls itself (vLLM), `max_connections()` at
+  once (`stream_serving.StreamCollator`); "refill" decodes every request in one loop that refills a finished row's
+  slot at once (`refill_serving.RefillCollator`, Hugging Face); "static" runs each batch until its longest row
+  ends (`batching.LockLeaderCollator`).
 - Errors: every error a request raises passes through the function given to `redact_errors_with` (the app's
   removes secret values in place) before Inspect records it in the sample's log.
 - Context window: when the pipeline holds a local model whose config states its context window
@@ -57,10 +59,11 @@ from steer_hydra.core.controls import runtime_kwargs_schema
 from steer_hydra.core.layout import CONTEXT_FIELDS, config_int
 from steer_hydra.core.output import truncate_at_stop_strings
 from steer_hydra.core.pipeline import RESERVED_TEMPLATE_KWARGS
-from steer_hydra.core.rendering import has_chat_template, render_messages
+from steer_hydra.core.rendering import encode_lock, has_chat_template, render_messages
 from steer_hydra.evaluation.batching import LockLeaderCollator
 from steer_hydra.evaluation.options import POLICY_CHECKED_FIELDS, REFUSED_FIELDS, ProviderOptions
 from steer_hydra.evaluation.refill_serving import RefillCollator
+from steer_hydra.evaluation.stream_serving import StreamCollator
 from steer_hydra.evaluation.thinking import (
     ThinkingSplit,
     resolve_split_mode,
@@ -218,15 +221,19 @@ class SteeringPipelineModelAPI(ModelAPI):
         self._batching = options.batching_in_force(pipeline)
         logger.debug("Batching in force: %s (ProviderOptions.batching=%r)", self._batching, options.batching)
         self._context = context_window(pipeline)
-        collator_class = RefillCollator if self._batching == "refill" else LockLeaderCollator
-        self._collator = collator_class(
-            pipeline,
+        collator_kwargs: dict[str, Any] = dict(
             batch_ceiling=self._batch_ceiling,
             prompt_path=self._prompt_path,
             declared_scopes=self._declared_scopes,
             static_runtime_kwargs=options.runtime_kwargs,
             chat_template_kwargs=options.chat_template_kwargs,
         )
+        if self._batching == "stream":
+            self._collator = StreamCollator(pipeline, concurrency=self.max_connections(), **collator_kwargs)
+        elif self._batching == "refill":
+            self._collator = RefillCollator(pipeline, **collator_kwargs)
+        else:
+            self._collator = LockLeaderCollator(pipeline, **collator_kwargs)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -256,7 +263,7 @@ class SteeringPipelineModelAPI(ModelAPI):
 
     @property
     def batching(self) -> str:
-        """The batching in force: "refill" or "static"."""
+        """The batching in force: "stream", "refill" or "static"."""
         return self._batching
 
     @property
@@ -327,14 +334,15 @@ class SteeringPipelineModelAPI(ModelAPI):
 
     def prompt_tokens(self, prompt: Any) -> int:
         """Tokens of one prompt as the pipeline tokenizes it (chat template or plain text), before input controls."""
-        if self._prompt_path == "text":
-            return len(self._tokenizer(prompt)["input_ids"])
         template_kwargs = {
             k: v for k, v in (self._options.chat_template_kwargs or {}).items() if k not in RESERVED_TEMPLATE_KWARGS
         }
-        encoded = self._tokenizer.apply_chat_template(
-            prompt, add_generation_prompt=True, tokenize=True, return_dict=True, **template_kwargs
-        )
+        with encode_lock(self._tokenizer):
+            if self._prompt_path == "text":
+                return len(self._tokenizer(prompt)["input_ids"])
+            encoded = self._tokenizer.apply_chat_template(
+                prompt, add_generation_prompt=True, tokenize=True, return_dict=True, **template_kwargs
+            )
         return len(encoded["input_ids"])
 
     def _check_context(self, prompt: Any, max_tokens: int | None) -> None:

@@ -10,7 +10,8 @@ error body. Faults can be injected for the next requests: `drop_next()` closes t
 a request without answering, `fail_next(status, message)` answers an HTTP error, `stall_next(seconds)` answers
 late, and `freeze()` makes the server accept and read every request but never answer (a hung server) until
 `thaw()` or `stop()`. `requests` records every request (path, headers, body); `max_in_flight` the peak
-concurrency; `frozen_requests` how many requests a freeze swallowed.
+concurrency; `spans` the `(start, end)` monotonic times of each completion served; `frozen_requests` how many
+requests a freeze swallowed.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ class LoopbackCompletionsServer:
         self.return_token_ids = return_token_ids
         self.requests: list[RecordedRequest] = []
         self.max_in_flight = 0
+        self.spans: list[tuple[float, float]] = []
         self._in_flight = 0
         self._faults: list[tuple[str, Any]] = []
         self._thawed = threading.Event()
@@ -149,6 +151,7 @@ class LoopbackCompletionsServer:
         with self._state:
             self.requests.clear()
             self._faults.clear()
+            self.spans.clear()
             self.max_in_flight = 0
             self.frozen_requests = 0
 
@@ -327,6 +330,7 @@ class _Handler(BaseHTTPRequestHandler):
         with self.owner._state:
             self.owner._in_flight += 1
             self.owner.max_in_flight = max(self.owner.max_in_flight, self.owner._in_flight)
+        started = time.monotonic()
         try:
             if fault is not None and fault[0] == "stall":
                 time.sleep(fault[1])
@@ -341,6 +345,7 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             with self.owner._state:  # before answering: the client may send its next request at once
                 self.owner._in_flight -= 1
+                self.owner.spans.append((started, time.monotonic()))
                 self.owner._state.notify_all()
         if answer[0] == 200:
             self._send(*answer)

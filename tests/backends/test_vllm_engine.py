@@ -5,14 +5,19 @@ sampling fields, stops, steering inside the engine, and a full Inspect eval. One
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 import torch
+from inspect_ai import eval as inspect_eval
 from vllm_real import (
     CHATS,
     MIN_AGREEMENT,
     TINY64,
     agreement,
     chat_prompts,
+    eval_task,
     generate,
     rows,
     run_eval,
@@ -22,6 +27,7 @@ from steer_hydra.backends.lowering import sampling_fields
 from steer_hydra.backends.vllm_steering import lower, steering_fields
 from steer_hydra.controls.state import CAA
 from steer_hydra.core import GenerationParams, SteeringPipeline
+from steer_hydra.evaluation import ProviderOptions, as_inspect_model
 
 pytestmark = [
     pytest.mark.vllm,
@@ -122,3 +128,78 @@ def test_an_inspect_eval_through_the_provider_scores_like_hugging_face(
         assert all(expected[k][1] == served[k][1] for k in expected if expected[k][0] == served[k][0])
         mean = lambda scores: sum(s for _, s in scores.values()) / len(scores)  # noqa: E731
         assert abs(mean(expected) - mean(served)) <= 1 - MIN_AGREEMENT
+
+
+def test_a_request_admitted_while_others_decode_gets_only_its_own_steering(tiny64_engine):
+    backend, prompts = tiny64_engine._backend, chat_prompts(tiny64_engine.tokenizer)
+    caa, actadd = (lower(c) for c in tiny64_engine.state_controls)
+    long = sampling_fields(GenerationParams.from_kwargs(max_new_tokens=64, min_new_tokens=64))
+    short = sampling_fields(GenerationParams.from_kwargs(max_new_tokens=8))
+    first = [(prompts[0], long), (prompts[1], long | steering_fields([caa], len(prompts[1])))]
+    late = [(prompts[2], short | steering_fields([actadd], len(prompts[2]))), (prompts[3], short)]
+    alone = [backend._complete([p], [f])[0][0] for p, f in first + late]
+    finished: dict[int, list[int]] = {}
+    order: list[int] = []
+
+    def run(index: int, prompt: list[int], fields: dict) -> None:
+        finished[index] = backend._complete([prompt], [fields])[0][0]
+        order.append(index)
+
+    threads = [threading.Thread(target=run, args=(i, *request)) for i, request in enumerate(first)]
+    for thread in threads:
+        thread.start()
+    steps = backend._loop.steps
+    while backend._loop.steps < steps + 8:  # the long requests are decoding
+        time.sleep(0.005)
+    late_threads = [threading.Thread(target=run, args=(i, *request)) for i, request in enumerate(late, start=2)]
+    for thread in late_threads:
+        thread.start()
+    for thread in threads + late_threads:
+        thread.join(timeout=300)
+    assert sorted(order[:2]) == [2, 3]  # the late requests were admitted beside the decoding ones and ended first
+    assert [finished[i] for i in range(4)] == alone  # each request got its own steering, and only its own
+    assert alone[0] != backend._complete([prompts[0]], [long | steering_fields([caa], len(prompts[0]))])[0][0]
+
+
+def _provider_samples(pipeline, batching, **generate_config):
+    model = as_inspect_model(pipeline, options=ProviderOptions(max_batch_size=4, batching=batching))
+    assert model.api.batching == batching
+    (log,) = inspect_eval(
+        eval_task(),
+        model=model,
+        display="none",
+        log_dir=None,
+        max_connections=model.api.max_connections(),
+        **generate_config,
+    )
+    model.api.close()
+    assert log.status == "success"
+    return {str(s.input): s.output for s in log.samples}
+
+
+def test_streaming_into_the_engine_keeps_greedy_outputs_stops_n_and_seeds_of_the_static_path(tiny64_engine):
+    for control in tiny64_engine.state_controls:
+        control.enabled = isinstance(control, CAA)
+    greedy = {b: _provider_samples(tiny64_engine, b, temperature=0, max_tokens=16) for b in ("static", "stream")}
+    assert {k: o.completion for k, o in greedy["stream"].items()} == {
+        k: o.completion for k, o in greedy["static"].items()
+    }
+    stop = next(o.completion[3:6] for o in greedy["static"].values() if len(o.completion.strip()) > 8)
+    stopped = {
+        b: _provider_samples(tiny64_engine, b, temperature=0, max_tokens=16, stop_seqs=[stop])
+        for b in ("static", "stream")
+    }
+    assert {k: (o.completion, o.stop_reason) for k, o in stopped["stream"].items()} == {
+        k: (o.completion, o.stop_reason) for k, o in stopped["static"].items()
+    }
+    assert any(o.stop_reason == "stop" for o in stopped["stream"].values())
+    sampled = [
+        _provider_samples(tiny64_engine, "stream", temperature=1.0, seed=3, num_choices=2, max_tokens=12)
+        for _ in range(2)
+    ]
+    texts = [{k: [c.message.text for c in o.choices] for k, o in run.items()} for run in sampled]
+    assert texts[0] == texts[1]  # seeds per request: a rerun repeats every sample's candidates
+    assert all(len(choices) == 2 for choices in texts[0].values())
+    assert sum(a != b for a, b in texts[0].values()) >= len(texts[0]) // 2  # the n candidates differ
+    for control in tiny64_engine.state_controls:
+        control.enabled = True

@@ -29,17 +29,43 @@ class _SamplingParams:
         self.kwargs = kwargs
 
 
+class _Engine:
+    """The `LLMEngine` surface the backend's loop drives: every request added before a step finishes in it."""
+
+    def __init__(self, llm: _LLM) -> None:
+        self.llm = llm
+        self.added: list[tuple[str, dict, _SamplingParams]] = []
+        self.engine_core = types.SimpleNamespace(shutdown=llm.shutdown)
+
+    def add_request(self, request_id: str, prompt: dict, params: _SamplingParams) -> None:
+        self.added.append((request_id, prompt, params))
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.added)
+
+    def step(self) -> list:
+        batch, self.added = self.added, []
+        results = self.llm.generate([p for _, p, _ in batch], [s for *_, s in batch], use_tqdm=False)
+        for (request_id, _, _), result in zip(batch, results, strict=True):
+            result.request_id, result.finished = request_id, True
+        return results
+
+    def abort_request(self, request_ids: list[str]) -> None:
+        pass
+
+
 class _LLM:
-    """Records the engine kwargs and generate calls; candidate j of request r is `[100+r, 200+j]` (+ tail)."""
+    """Records the engine kwargs and the requests of each engine step; candidate j of request r of a step is
+    `[100+r, 200+j]` (+ tail)."""
 
     def __init__(self, **kwargs: Any) -> None:
         self.kwargs = kwargs
         self.environ = {name: os.environ.get(name) for name in (ENV_FLAG, RUNNER_ENV)}  # what its processes inherit
         self.calls: list[tuple[list, list, bool]] = []
         self.shut_down = False
-        self.llm_engine = types.SimpleNamespace(engine_core=types.SimpleNamespace(shutdown=self._shutdown))
+        self.llm_engine = _Engine(self)
 
-    def _shutdown(self) -> None:
+    def shutdown(self) -> None:
         self.shut_down = True
 
     def generate(self, requests, sampling_params, use_tqdm=True):
@@ -59,7 +85,10 @@ def fake_vllm(monkeypatch):
     module = types.ModuleType("vllm")
     module.LLM = _LLM
     module.SamplingParams = _SamplingParams
+    module.sampling_params = types.ModuleType("vllm.sampling_params")
+    module.sampling_params.RequestOutputKind = types.SimpleNamespace(FINAL_ONLY="final_only")
     monkeypatch.setitem(sys.modules, "vllm", module)
+    monkeypatch.setitem(sys.modules, "vllm.sampling_params", module.sampling_params)
     return module
 
 
@@ -211,8 +240,7 @@ def test_lowered_caa_travels_as_extra_args_and_a_cache_salt_on_steered_rows_only
 def test_an_engine_that_ignores_steering_is_caught_before_any_steered_row(fake_vllm, monkeypatch):
     def same_for_all(self, requests, sampling_params, use_tqdm=True):
         self.calls.append((requests, sampling_params, use_tqdm))
-        out = types.SimpleNamespace(outputs=[types.SimpleNamespace(index=0, token_ids=(5, 6))])
-        return [out for _ in requests]
+        return [types.SimpleNamespace(outputs=[types.SimpleNamespace(index=0, token_ids=(5, 6))]) for _ in requests]
 
     monkeypatch.setattr(_LLM, "generate", same_for_all)
     caa = CAA(steering_vector=torch.ones(64), layer_id=0)

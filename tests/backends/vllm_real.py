@@ -115,11 +115,12 @@ def run_eval(
     *,
     max_tokens: int = 16,
     limit: int | None = None,
+    batching: str = "auto",
 ) -> dict[str, tuple[str, float]]:
     """`task` (default `eval_task()`) through the provider on `pipeline`, greedy, with the provider's
     `max_connections()`: `{sample id: (completion, includes score as 0/1)}`."""
     task = task or eval_task()
-    model = as_inspect_model(pipeline, options=ProviderOptions(max_batch_size=8))
+    model = as_inspect_model(pipeline, options=ProviderOptions(max_batch_size=8, batching=batching))
     (log,) = inspect_eval(
         task,
         model=model,
