@@ -173,6 +173,7 @@ def run_provider(
         "dispatches": len(counting.sizes),
         "busy_ms": busy_ms,
         "gap_ms": gap_ms,
+        "completions": {s.id: s.output.completion for s in log.samples},
     }
 
 

@@ -8,18 +8,20 @@ long-tailed, and both backends decode the same rows (their greedy agreement is p
 direction of norm `--caa` at 40% of the depth (after the prompt), on Hugging Face through hooks and on vLLM inside
 the engine (steer_hydra's vLLM plugin).
 
-Modes, at one batch ceiling B (vLLM: `max_num_seqs=B`), in interleaved rounds (rotated order; medians):
-  vllm / vllm-caa                  `pipeline.generate` of every prompt at once: vLLM's scheduler refills slots
-  hf-static / hf-static-caa        `pipeline.generate` on batches of B (each batch runs to its longest row)
-  hf-refill / hf-refill-caa        the refill engine fed from a queue (a finished row's slot takes the next prompt)
-  provider-vllm                    `inspect_ai.eval` through `as_inspect_model` on the vLLM pipeline (static
-                                   collator: batches of B; the engine drops finished rows, but new requests wait
-                                   for the batch)
-  provider-hf-static / -hf-refill  the same on the Hugging Face pipeline, `batching="static"` / `"refill"`
-Inspect runs with its default logging (`--lean-logs` for `log_realtime=False`) and the provider's
-`max_connections()` (2B). Columns: useful tok/s (tokens returned, EOS excluded, per second), samples/s, waste
-(row-steps spent on finished rows: static Hugging Face batches only). Ratios are the median over rounds of each
-round's ratio (paired, so load swings between rounds cancel).
+Modes, at one batch ceiling B (vLLM: `max_num_seqs=B`), in interleaved rounds (rotated order; medians); each
+unsteered and with CAA (`-caa`):
+  vllm                      `pipeline.generate` of every prompt at once: vLLM's scheduler refills slots
+  provider-vllm-stream      `inspect_ai.eval` through `as_inspect_model` on the vLLM pipeline, `batching="stream"`
+                            (the default): each request goes to the engine as it arrives
+  provider-vllm-static      the same with `batching="static"`: batches of B (new requests wait for the batch)
+  hf-refill                 Hugging Face: the refill engine fed from a queue (a finished row's slot takes the next)
+  hf-static                 Hugging Face: `pipeline.generate` on batches of B (each runs to its longest row)
+  provider-hf-refill / provider-hf-static   the provider on the Hugging Face pipeline
+The default `--modes` are the first four, each unsteered and with CAA. Inspect runs with its default logging
+(`--lean-logs` for `log_realtime=False`) and the provider's `max_connections()` (2B). Columns: useful tok/s
+(tokens returned, EOS excluded, per second), samples/s, waste (row-steps spent on finished rows: static Hugging
+Face batches only). Ratios are the median over rounds of each round's ratio (paired, so load swings between rounds
+cancel). The greedy completions of the streaming and static provider paths are compared token for token.
 
     .venv-vllm/bin/python benchmarks/vllm_realistic.py                           # SmolLM2, 32 prompts, B=8, 2 rounds
     .venv-vllm/bin/python benchmarks/vllm_realistic.py --model steer_hydra:tiny?head_dim=64 --prompts 16 --rounds 1
@@ -60,10 +62,10 @@ KINDS = (
     "Write a short story about {}.",
 )
 TOPICS = ("the sea", "a cat", "the moon", "bread", "rain", "a bicycle", "music", "winter", "a tree", "the sun")
-HF_MODES = ("hf-static", "hf-static-caa", "hf-refill", "hf-refill-caa")
-VLLM_MODES = ("vllm", "vllm-caa")
-PROVIDER_MODES = ("provider-vllm", "provider-hf-static", "provider-hf-refill")
-MODES = VLLM_MODES + HF_MODES + PROVIDER_MODES
+STEERABLE = ("vllm", "provider-vllm-stream", "provider-vllm-static", "hf-refill", "hf-static")
+MODES = tuple(m for base in STEERABLE for m in (base, f"{base}-caa")) + ("provider-hf-refill", "provider-hf-static")
+DEFAULT_MODES = MODES[:8]
+PROVIDER_BATCHING = {"provider-vllm-stream": "stream", "provider-vllm-static": "static"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -73,7 +75,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--batch", type=int, default=8, help="batch ceiling B (vLLM max_num_seqs)")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {MODES}")
+    parser.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"comma-separated subset of {MODES}")
     parser.add_argument("--caa", type=float, default=4.0, help="norm of the CAA direction")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the Hugging Face side (0: default)")
     parser.add_argument("--lean-logs", action="store_true", help="log_realtime=False, log_buffer=100")
@@ -144,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     ).steer()
     hf_load = time.perf_counter() - started
     engine = None
-    if any(m in VLLM_MODES or m == "provider-vllm" for m in modes):
+    if any("vllm" in m for m in modes):
         options = {
             "dtype": "float32",
             "enforce_eager": True,
@@ -181,28 +183,27 @@ def main(argv: list[str] | None = None) -> int:
             for round_index in range(args.rounds):
                 order = modes[round_index % len(modes) :] + modes[: round_index % len(modes)]
                 for mode in order:
-                    steer = mode.endswith("-caa")
+                    steer, base = mode.endswith("-caa"), mode.removesuffix("-caa")
                     set_steering(hf, steer)
                     if engine is not None:
                         set_steering(engine, steer)
-                    if mode.startswith("vllm"):
+                    if base == "vllm":
                         result = run_vllm(engine, chats, args.max_tokens)
-                    elif mode.startswith("hf-static"):
+                    elif base == "hf-static":
                         result = run_raw_static(hf, chats, args.batch, args.max_tokens)
-                    elif mode.startswith("hf-refill"):
+                    elif base == "hf-refill":
                         result = run_raw_refill(hf, chats, args.batch, args.max_tokens)
                     else:
-                        target = engine if mode == "provider-vllm" else hf
                         result = run_provider(
-                            target,
+                            engine if "vllm" in base else hf,
                             prompts,
                             ceiling=args.batch,
                             max_tokens=args.max_tokens,
                             log_dir=root / f"{mode}{round_index}",
                             log_options=log_options,
-                            batching="refill" if mode == "provider-hf-refill" else "static",
+                            batching=PROVIDER_BATCHING.get(base, base.removeprefix("provider-hf-")),
                         )
-                        if mode == "provider-vllm":
+                        if "vllm" in base:
                             result["waste"] = None  # the engine does not decode finished rows
                     results[mode].append(result)
                 line = ", ".join(f"{m} {results[m][-1]['tok_s']:.0f}" for m in modes)
@@ -228,6 +229,12 @@ def main(argv: list[str] | None = None) -> int:
             served = results[mode][0]["rows"]
             same = sum(a == b for a, b in zip(served, hf_rows[steer], strict=True))
             print(f"greedy agreement vLLM vs Hugging Face ({mode}): {same}/{len(served)} rows token-identical")
+    for suffix in ("", "-caa"):
+        stream, static = results.get(f"provider-vllm-stream{suffix}"), results.get(f"provider-vllm-static{suffix}")
+        if stream and static:
+            a, b = stream[0]["completions"], static[0]["completions"]
+            same = sum(a[k] == b.get(k) for k in a)
+            print(f"greedy provider stream vs static on vLLM{suffix or ' (unsteered)'}: {same}/{len(a)} identical")
 
     def median(mode: str, key: str):
         values = [r[key] for r in results[mode] if r.get(key) is not None]
@@ -240,23 +247,25 @@ def main(argv: list[str] | None = None) -> int:
             f"{fmt(median(mode, 'waste'), '.2f'):>8}{fmt(median(mode, 'tokens'), '.0f'):>8}"
         )
     pairs = [
-        ("vllm", "hf-static", "vLLM vs Hugging Face static"),
-        ("vllm", "hf-refill", "vLLM vs Hugging Face refill"),
-        ("hf-refill", "hf-static", "refill vs static (Hugging Face)"),
+        ("provider-vllm-stream", "vllm", "provider streaming / raw, vLLM"),
+        ("provider-vllm-stream-caa", "vllm-caa", "provider streaming / raw, vLLM with CAA"),
+        ("provider-vllm-stream", "provider-vllm-static", "streaming / static collator, provider on vLLM"),
+        ("provider-vllm-stream-caa", "provider-vllm-static-caa", "streaming / static collator, with CAA"),
         ("vllm", "vllm-caa", "CAA overhead inside vLLM (unsteered / steered)"),
-        ("hf-static", "hf-static-caa", "CAA overhead, Hugging Face static"),
+        ("vllm", "hf-refill", "vLLM vs Hugging Face refill"),
+        ("vllm-caa", "hf-refill-caa", "vLLM vs Hugging Face refill, with CAA"),
+        ("provider-vllm-stream", "hf-refill", "provider streaming on vLLM vs raw Hugging Face refill"),
         ("hf-refill", "hf-refill-caa", "CAA overhead, Hugging Face refill"),
-        ("provider-vllm", "vllm", "provider / raw, vLLM"),
-        ("provider-hf-static", "hf-static", "provider / raw, Hugging Face static"),
+        ("hf-refill", "hf-static", "refill vs static (Hugging Face)"),
         ("provider-hf-refill", "hf-refill", "provider / raw, Hugging Face refill"),
-        ("provider-hf-refill", "provider-vllm", "provider on HF refill / provider on vLLM"),
+        ("provider-hf-static", "hf-static", "provider / raw, Hugging Face static"),
     ]
-    print(f"\n{'useful tok/s ratio':<36}{'median':>7}  {'per round':<16}what")
+    print(f"\n{'useful tok/s ratio':<52}{'median':>7}  {'per round':<16}what")
     for a, b, label in pairs:
         if results.get(a) and results.get(b):
             per_round = [x["tok_s"] / y["tok_s"] for x, y in zip(results[a], results[b], strict=True)]
             rounds = " ".join(f"{r:.2f}" for r in per_round)
-            print(f"{a + ' / ' + b:<36}{statistics.median(per_round):>7.2f}  {rounds:<16}{label}")
+            print(f"{a + ' / ' + b:<52}{statistics.median(per_round):>7.2f}  {rounds:<16}{label}")
     return 0
 
 
