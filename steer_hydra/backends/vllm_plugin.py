@@ -7,11 +7,24 @@ V1 model runner, which vLLM 0.32 runs only with `VLLM_USE_V2_MODEL_RUNNER=0` whe
 on, it wraps the worker's `load_model` so that, once the model is loaded, `install(model_runner)` puts three kinds
 of hooks on it:
 
-- a forward pre-hook on the model builds the step's plan: the requests of the persistent batch in order
+- a forward pre-hook on the model builds the step's plan from the requests of the persistent batch in order
   (`input_batch.req_ids`), their token ranges in the flat batch (`query_start_loc`), their positions (the
-  model's `positions` argument) and their `SamplingParams.extra_args` (see `vllm_steering` for the wire format)
-  give, per (layer, site), the flat token indices to steer and the rows to add there;
-- a forward pre-hook (site `input`) and a forward hook (site `output`) on every decoder layer apply the plan.
+  model's `positions` argument) and their `SamplingParams.extra_args` (see `vllm_steering` for the wire format);
+- a forward pre-hook (site `input`) and a forward hook (site `output`) on every decoder layer apply the plan
+  entries of their (layer, site), looked up in a dict built once per step (nothing when the step is unsteered).
+
+The plan is built in two parts. What depends on the batch's composition (each request's payload and starts, in
+batch order) is a `Composition`, rebuilt only when that tuple changes (a request admitted or finished, a payload
+changed): every addition is an entry (request, start, span length, block or not, first row in one stacked
+table of the batch's distinct rows) of a group (layer, site, preserve_norm and the addition's rank among its
+request's additions there, so two additions at one site apply in turn), entries stored group after group as
+tensors. What depends on the token ranges, the flat (entry, token of its request) pairs, is cached for ranges
+seen the step before (a steady decode phase). Per step, a handful of vectorized ops then select the pairs whose
+position lies in their entry's span (`position - start` in `[0, length)`), give each its table row (`first +
+(position - start)` for a block, `first` otherwise), gather those rows in one op (up to `_GATHER_AT_ONCE` values;
+past it each layer gathers its own) and split them by group: no per-token and, beyond reading each request's
+extra_args, no per-request Python. The positions are read on the CPU (one copy, a device sync, per steered
+step); the plan's indices and rows go to the model's device once per step.
 
 vLLM decoder layers take and return `(hidden_states, residual)`: the residual stream is their sum (the next
 norm adds them). The addition goes into `hidden_states` out of place (never an in-place write on an inference
@@ -26,10 +39,11 @@ import functools
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from steer_hydra.backends.vllm_steering import ENV_FLAG, RUNNER_ENV, XARGS_KEY, XARGS_START
@@ -88,41 +102,136 @@ def parse(payload: str) -> tuple[Addition, ...]:
     )
 
 
-Plan = dict[tuple[int, str, bool], tuple[torch.Tensor, torch.Tensor]]
+Spec = tuple[str | None, tuple[int, ...]]  # one request's payload and starts (None: no additions)
+_NO_SPEC: Spec = (None, ())
+_UNBOUNDED = torch.iinfo(torch.long).max  # the "length" of a `from` addition: every position from its start
+# a step's rows are gathered at once (one op, not one per layer) up to this many values; beyond (long prefills),
+# each layer gathers its own when it runs, so they never all sit in memory together
+_GATHER_AT_ONCE = 1 << 22
+
+
+def request_spec(xargs: Mapping[str, Any] | None) -> Spec:
+    """A request's `(payload, starts)` from its extra_args (what its additions depend on)."""
+    if not xargs or XARGS_KEY not in xargs:
+        return _NO_SPEC
+    return xargs[XARGS_KEY], tuple(xargs.get(XARGS_START) or ())
+
+
+@dataclass(frozen=True, slots=True)
+class Steer:
+    """One step's work at one (layer, site): add `table[row_index]` (`table` itself when `row_index` is None) to
+    the stream at flat tokens `index`."""
+
+    layer: int
+    site: str
+    preserve_norm: bool
+    index: torch.Tensor
+    row_index: torch.Tensor | None
+    table: torch.Tensor
+
+    @property
+    def rows(self) -> torch.Tensor:
+        return self.table if self.row_index is None else self.table.index_select(0, self.row_index)
+
+
+class Composition:
+    """What the requests of a batch add, independent of a step's positions and token ranges.
+
+    Every addition of every request is an entry of a group (layer, site, preserve_norm, slot), the slot being the
+    addition's rank among the request's additions of the same (layer, site, preserve_norm), so a group holds at most
+    one addition per request and same-site additions of one request apply one after another. Entries are stored
+    group after group as tensors (request, start, length, block or not, first row in `table`, group), `table`
+    stacking the rows of each distinct parsed addition once.
+    """
+
+    def __init__(self, specs: Sequence[Spec], num_layers: int) -> None:
+        groups: dict[tuple[int, str, bool, int], list[tuple[int, int, Addition]]] = {}
+        for request, (payload, starts) in enumerate(specs):
+            if payload is None:
+                continue
+            additions = parse(payload)
+            if len(starts) != len(additions):
+                raise ValueError(f"{XARGS_START} has {len(starts)} entries for {len(additions)} additions.")
+            seen: dict[tuple[int, str, bool], int] = {}
+            for addition, start in zip(additions, starts, strict=True):
+                if not 0 <= addition.layer < num_layers:
+                    raise ValueError(f"Steering layer {addition.layer} is out of range (the model has {num_layers}).")
+                site = (addition.layer, addition.site, addition.preserve_norm)
+                seen[site] = slot = seen.get(site, -1) + 1
+                groups.setdefault((*site, slot), []).append((request, int(start), addition))
+        self.groups = list(groups)
+        columns: list[tuple[int, int, int, int, bool, int]] = []  # group, request, start, length, block, first row
+        firsts: dict[int, int] = {}  # id(addition) -> its first row in the table (rows shared by requests once)
+        tables: list[torch.Tensor] = []
+        for group, members in enumerate(groups.values()):
+            for request, start, addition in members:
+                if id(addition) not in firsts:
+                    firsts[id(addition)] = sum(t.shape[0] for t in tables)
+                    tables.append(addition.rows)
+                block = addition.mode == "block"
+                length = addition.rows.shape[0] if block else _UNBOUNDED
+                columns.append((group, request, start, length, block, firsts[id(addition)]))
+        self.table = torch.cat(tables) if tables else torch.zeros(0, 0)
+        values = torch.tensor(columns, dtype=torch.long).reshape(-1, 6).T
+        self.group, self.request, self.start, self.length, self.block, self.first = values
+        self._ranges: tuple[bytes, tuple[torch.Tensor, ...]] | None = None
+        self._tables: dict[torch.device, torch.Tensor] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.groups)
+
+    def pairs(self, begin: torch.Tensor, end: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Each (entry, token of its request) of a step: token, entry, start, length (entries in group order)."""
+        counts = (end - begin).clamp_min(0)[self.request]
+        entry = torch.repeat_interleave(counts)
+        first = counts.cumsum(0) - counts
+        token = begin[self.request][entry] + torch.arange(entry.numel()) - first[entry]
+        return token, entry, self.start[entry], self.length[entry]
+
+    def plan(self, begin: np.ndarray, end: np.ndarray, positions: torch.Tensor) -> list[Steer]:
+        """The step's work: requests' token ranges `[begin, end)` in the flat batch, and the tokens' positions.
+
+        The pairs depend only on the ranges (cached: a steady decode step reuses them); per step, a few vectorized
+        ops select the pairs whose position falls in their addition's span and split them by group.
+        """
+        if positions.dim() != 1:
+            raise ValueError("steer_hydra steering supports 1-D token positions (text models), not M-RoPE.")
+        key = begin.tobytes() + end.tobytes()
+        if self._ranges is None or self._ranges[0] != key:
+            self._ranges = key, self.pairs(torch.from_numpy(begin), torch.from_numpy(end))
+        token, entry, start, length = self._ranges[1]
+        relative = positions.to(device="cpu", dtype=torch.long)[token] - start
+        chosen = ((relative >= 0) & (relative < length)).nonzero().squeeze(1)
+        entry = entry[chosen]
+        index = token[chosen]
+        rows = self.first[entry] + relative[chosen] * self.block[entry]
+        sizes = torch.bincount(self.group[entry], minlength=len(self.groups)).tolist()
+        device = positions.device
+        table = self._tables.get(device)
+        if table is None:
+            table = self._tables[device] = self.table.to(device)
+        index, rows = index.to(device), rows.to(device)
+        if rows.numel() * table.shape[1] <= _GATHER_AT_ONCE:
+            gathered = table.index_select(0, rows).split(sizes)
+            pieces = zip(index.split(sizes), [None] * len(sizes), gathered, strict=True)
+        else:
+            pieces = zip(index.split(sizes), rows.split(sizes), [table] * len(sizes), strict=True)
+        return [
+            Steer(layer, site, preserve, *piece)
+            for (layer, site, preserve, _), size, piece in zip(self.groups, sizes, pieces, strict=True)
+            if size
+        ]
 
 
 def build_plan(
-    requests: Sequence[tuple[int, int, dict[str, Any] | None]], positions: torch.Tensor, num_layers: int
-) -> Plan:
-    """Per (layer, site, preserve_norm): the flat token indices to steer and the `[k, hidden]` rows added there.
-
-    `requests` lists each request's token range `[start, end)` in the flat batch and its extra_args.
-    """
-    pieces: dict[tuple[int, str, bool], list[tuple[torch.Tensor, torch.Tensor]]] = {}
-    for begin, end, xargs in requests:
-        if not xargs or XARGS_KEY not in xargs or end <= begin:
-            continue
-        additions = parse(xargs[XARGS_KEY])
-        starts = list(xargs.get(XARGS_START) or [])
-        if len(starts) != len(additions):
-            raise ValueError(f"{XARGS_START} has {len(starts)} entries for {len(additions)} additions.")
-        tokens = torch.arange(begin, end)
-        where = positions[begin:end].to(torch.long).cpu()
-        for addition, start in zip(additions, starts, strict=True):
-            if not 0 <= addition.layer < num_layers:
-                raise ValueError(f"Steering layer {addition.layer} is out of range (the model has {num_layers}).")
-            offset = where - int(start)
-            inside = offset >= 0
-            if addition.mode == "block":
-                inside &= offset < addition.rows.shape[0]
-                index = offset[inside]
-            else:
-                index = torch.zeros(int(inside.sum()), dtype=torch.long)
-            if not bool(inside.any()):
-                continue
-            key = (addition.layer, addition.site, addition.preserve_norm)
-            pieces.setdefault(key, []).append((tokens[inside], addition.rows[index]))
-    return {key: (torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])) for key, parts in pieces.items()}
+    requests: Sequence[tuple[int, int, Mapping[str, Any] | None]], positions: torch.Tensor, num_layers: int
+) -> list[Steer]:
+    """The work of one step, in application order: `requests` lists each request's token range `[start, end)` in
+    the flat batch and its extra_args; `positions` are the flat batch's token positions."""
+    composition = Composition([request_spec(x) for _, _, x in requests], num_layers)
+    begin = np.array([b for b, _, _ in requests], dtype=np.int64)
+    end = np.minimum(np.array([e for _, e, _ in requests], dtype=np.int64), positions.shape[-1])
+    return composition.plan(begin, end, positions) if composition else []
 
 
 def add_rows(
@@ -147,49 +256,42 @@ class SteeringHooks:
     def __init__(self, runner: Any, num_layers: int) -> None:
         self.runner = runner
         self.num_layers = num_layers
-        self.plan: Plan = {}
+        self.plan: list[Steer] = []
+        self.at: dict[tuple[int, str], list[Steer]] = {}  # the plan by (layer, site): what each layer hook reads
+        self.composition: Composition | None = None  # the last batch's, reused while its specs stay the same
+        self.specs: tuple[Spec, ...] = ()
         self.steps = 0  # forwards that steered at least one token (for tests and logs)
 
-    def requests(self, num_tokens: int) -> list[tuple[int, int, dict[str, Any] | None]]:
-        batch = self.runner.input_batch
-        num_reqs = int(batch.num_reqs)
-        if num_reqs == 0:
-            return []
-        bounds = self.runner.query_start_loc.np[: num_reqs + 1].tolist()
-        states = self.runner.requests
-        out = []
-        for i, req_id in enumerate(batch.req_ids[:num_reqs]):
-            state = states.get(req_id)
-            params = getattr(state, "sampling_params", None)
-            xargs = getattr(params, "extra_args", None)
-            begin, end = int(bounds[i]), min(int(bounds[i + 1]), num_tokens)
-            out.append((begin, end, xargs))
-        return out
-
     def before_model(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-        self.plan = {}
+        self.plan, self.at = [], {}
         positions = kwargs.get("positions", args[1] if len(args) > 1 else None)
-        if positions is None:
+        num_reqs = int(self.runner.input_batch.num_reqs)
+        if positions is None or num_reqs == 0:
             return
-        requests = self.requests(int(positions.shape[-1]))
-        if not any(x and XARGS_KEY in x for _, _, x in requests):
+        states = self.runner.requests
+        specs = tuple(
+            request_spec(getattr(getattr(states.get(r), "sampling_params", None), "extra_args", None))
+            for r in self.runner.input_batch.req_ids[:num_reqs]
+        )
+        if specs != self.specs or self.composition is None:
+            self.composition, self.specs = Composition(specs, self.num_layers), specs
+        if not self.composition:
             return
-        if positions.dim() != 1:
-            raise ValueError("steer_hydra steering supports 1-D token positions (text models), not M-RoPE.")
-        self.plan = build_plan(requests, positions, self.num_layers)
+        bounds = np.minimum(self.runner.query_start_loc.np[: num_reqs + 1], positions.shape[-1]).astype(np.int64)
+        self.plan = self.composition.plan(bounds[:-1], bounds[1:], positions)
+        for steer in self.plan:
+            self.at.setdefault((steer.layer, steer.site), []).append(steer)
         self.steps += bool(self.plan)
 
     def before_layer(self, layer: int, module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
-        if not self.plan:
-            return None
-        hits = [(key, value) for key, value in self.plan.items() if key[0] == layer and key[1] == "input"]
-        if not hits:
+        steers = self.at.get((layer, "input"))
+        if not steers:
             return None
         args = list(args)
         hidden = args[1] if len(args) > 1 else kwargs["hidden_states"]
         residual = args[2] if len(args) > 2 else kwargs.get("residual")
-        for (_, _, preserve), (index, rows) in hits:
-            hidden = add_rows(hidden, residual, index, rows, preserve)
+        for steer in steers:
+            hidden = add_rows(hidden, residual, steer.index, steer.rows, steer.preserve_norm)
         if len(args) > 1:
             args[1] = hidden
         else:
@@ -197,14 +299,12 @@ class SteeringHooks:
         return tuple(args), kwargs
 
     def after_layer(self, layer: int, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
-        if not self.plan:
-            return None
-        hits = [(key, value) for key, value in self.plan.items() if key[0] == layer and key[1] == "output"]
-        if not hits:
+        steers = self.at.get((layer, "output"))
+        if not steers:
             return None
         hidden, residual = (output[0], output[1]) if isinstance(output, tuple) else (output, None)
-        for (_, _, preserve), (index, rows) in hits:
-            hidden = add_rows(hidden, residual, index, rows, preserve)
+        for steer in steers:
+            hidden = add_rows(hidden, residual, steer.index, steer.rows, steer.preserve_norm)
         return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
 
 

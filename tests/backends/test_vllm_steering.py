@@ -7,6 +7,7 @@ residual) -> (hidden, residual)`, the stream being their sum) and a stand-in mod
 
 from __future__ import annotations
 
+import copy
 import json
 import types
 
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 from steer_hydra.backends import vllm_plugin
-from steer_hydra.backends.vllm_plugin import add_rows, build_plan, install
+from steer_hydra.backends.vllm_plugin import add_rows, build_plan, install, request_spec
 from steer_hydra.backends.vllm_steering import (
     XARGS_KEY,
     XARGS_START,
@@ -214,11 +215,150 @@ def test_plan_maps_block_rows_to_positions_and_skips_unsteered_and_padding():
     requests = [(0, 3, None), (3, 7, _xargs([block], 4)), (7, 7, _xargs([block], 2))]
     positions = torch.tensor([0, 1, 2, 1, 2, 3, 4, 0, 0])  # request 2 is scheduled with no token; 2 pads
     plan = build_plan(requests, positions, num_layers=3)
-    ((key, (index, rows)),) = plan.items()
-    assert key == (2, "input", False)
-    assert index.tolist() == [3, 4] and torch.equal(rows, block.rows[[1, 2]])  # positions 1, 2 of the block
+    (steer,) = plan
+    assert (steer.layer, steer.site, steer.preserve_norm) == (2, "input", False)
+    assert steer.index.tolist() == [3, 4] and torch.equal(steer.rows, block.rows[[1, 2]])  # block positions 1, 2
     with pytest.raises(ValueError, match="out of range"):
         build_plan(requests, positions, num_layers=2)
+    short = dict(requests[1][2], **{XARGS_START: [1, 2]})
+    with pytest.raises(ValueError, match=f"{XARGS_START} has 2 entries for 1 additions"):
+        build_plan([(0, 3, short)], positions, num_layers=3)
+    with pytest.raises(ValueError, match="M-RoPE"):
+        build_plan(requests, torch.stack([positions] * 3), num_layers=3)
+    kept = [ResidualAddition(2, "input", "block", block.rows * k, "position", preserve_norm=True) for k in (1, -2)]
+    plan = build_plan([(0, 3, _xargs(kept, 3))], positions, num_layers=3)
+    # two norm-preserving additions at one site of one request: two entries applied in turn (an index_copy would
+    # drop one of two duplicate indices)
+    assert [(s.layer, s.site, s.preserve_norm, s.index.tolist()) for s in plan] == [(2, "input", True, [0, 1, 2])] * 2
+    assert torch.equal(plan[0].rows, kept[0].rows) and torch.equal(plan[1].rows, kept[1].rows)
+
+
+def _reference(requests, positions):
+    """Per (layer, site): the dense `[tokens, hidden]` sum of what each token gets, by plain loops over requests,
+    their wire additions and their tokens."""
+    deltas = {}
+    for begin, end, xargs in requests:
+        if not xargs:
+            continue
+        for item, start in zip(json.loads(xargs[XARGS_KEY]), xargs[XARGS_START], strict=True):
+            rows = torch.tensor(item["rows"], dtype=torch.float32)
+            for token in range(begin, end):
+                offset = int(positions[token]) - start
+                if offset < 0 or (item["mode"] == "block" and offset >= len(rows)):
+                    continue
+                delta = deltas.setdefault((item["layer"], item["site"]), torch.zeros(len(positions), HIDDEN))
+                delta[token] += rows[offset if item["mode"] == "block" else 0]
+    return deltas
+
+
+def _dense(plan, num_tokens):
+    deltas = {}
+    for steer in plan:
+        delta = deltas.setdefault((steer.layer, steer.site), torch.zeros(num_tokens, HIDDEN))
+        delta.index_add_(0, steer.index, steer.rows)
+    return deltas
+
+
+def _step(model, batch, steering, pad=0):
+    """One engine step: `batch` = [(req_id, token ids, first position)] in persistent-batch order, `pad` padding
+    tokens after the last range; returns the output, the hooks and the step's (begin, end, extra_args) ranges."""
+    requests = [(rid, len(ids), steering[rid]) for rid, ids, _ in batch]
+    chunks = [(ids, first) for _, ids, first in batch] + ([([0] * pad, 0)] if pad else [])
+    out, hooks = _forward(model, _runner(model, requests), chunks)
+    bounds = np.cumsum([0] + [n for _, n, _ in requests])
+    return out, hooks, [(int(bounds[i]), int(bounds[i + 1]), x) for i, (_, _, x) in enumerate(requests)]
+
+
+def _positions(batch, pad=0):
+    return torch.cat([torch.arange(p, p + len(t)) for _, t, p in batch] + [torch.zeros(pad, dtype=torch.long)])
+
+
+@pytest.mark.parametrize("gather_at_once", [1 << 22, 0], ids=["rows-per-step", "rows-per-layer"])
+def test_requests_admitted_and_finished_mid_decode_each_get_what_they_get_alone(toy, monkeypatch, gather_at_once):
+    monkeypatch.setattr(vllm_plugin, "_GATHER_AT_ONCE", gather_at_once)
+    alone_model = copy.deepcopy(toy)  # unhooked copy: its hooks (and their caches) are separate
+    plain_model = copy.deepcopy(toy)
+    gen = torch.Generator().manual_seed(3)
+    caa = ResidualAddition(1, "output", "from", torch.randn(1, HIDDEN, generator=gen), "after_prompt")
+    caa_too = ResidualAddition(1, "output", "from", torch.randn(1, HIDDEN, generator=gen), "last_k", last_k=2)
+    block = ResidualAddition(0, "input", "block", torch.randn(3, HIDDEN, generator=gen), "position", offset=2)
+    kept = ResidualAddition(2, "output", "block", torch.randn(2, HIDDEN, generator=gen), "all", preserve_norm=True)
+    prompts = {"a": 4, "b": 3, "c": 5, "d": 4}
+    additions = {"a": [caa], "b": [], "c": [caa, block, caa_too], "d": [kept, caa]}
+    steering = {rid: _xargs(additions[rid], prompts[rid]) for rid in prompts}
+
+    def prefill(rid, first=0, count=None):
+        return (rid, list(range(first + 1, first + 1 + (count or prompts[rid] - first))), first)
+
+    def decode(rid, position):
+        return (rid, [position % 31 + 1], position)
+
+    steps = [
+        ([prefill("a"), prefill("b")], 0),
+        ([decode("a", 4), decode("b", 3), prefill("c")], 2),  # c admitted mid-decode
+        ([decode("a", 5), decode("b", 4), decode("c", 5)], 0),
+        ([decode("a", 6), decode("b", 5), decode("c", 6)], 3),
+        ([decode("c", 7), decode("b", 6), prefill("d", 0, 2)], 0),  # a finished: c moved into its slot; d chunked
+        ([decode("c", 8), decode("b", 7), prefill("d", 2)], 1),
+        ([decode("c", 9), decode("d", 4)], 0),  # b finished
+    ]
+    steered = 0
+    for batch, pad in steps:
+        out, hooks, requests = _step(toy, batch, steering, pad)
+        positions = _positions(batch, pad)
+        reference, planned = _reference(requests, positions), _dense(hooks.plan, len(positions))
+        assert reference.keys() == planned.keys()
+        for key, delta in reference.items():
+            assert torch.equal(planned[key], delta), key
+        plain, _, _ = _step(plain_model, batch, dict.fromkeys(prompts), pad)
+        assert torch.equal(out[len(out) - pad :], plain[len(out) - pad :])  # padding untouched
+        for (rid, ids, first), (begin, end, _) in zip(batch, requests, strict=True):
+            alone, _, _ = _step(alone_model, [(rid, ids, first)], steering)
+            assert torch.allclose(out[begin:end], alone, atol=1e-6), (rid, first)
+            if additions[rid]:
+                steered += not torch.allclose(out[begin:end], plain[begin:end])
+            else:
+                assert torch.equal(out[begin:end], plain[begin:end])
+    assert steered == 11  # every request chunk with a position in an addition's span changed (d's 2nd chunk has none)
+
+
+def test_the_batch_composition_is_reused_only_while_every_payload_and_the_batch_stay_the_same(toy):
+    alone_model = copy.deepcopy(toy)  # unhooked copy: its hooks (and their caches) are separate
+    gen = torch.Generator().manual_seed(4)
+    first = ResidualAddition(1, "output", "from", torch.randn(1, HIDDEN, generator=gen), "after_prompt")
+    second = ResidualAddition(1, "output", "from", torch.randn(1, HIDDEN, generator=gen), "after_prompt")
+    steering = {"a": _xargs([first], 3), "b": None}
+    _, hooks, _ = _step(toy, [("a", [1, 2, 3], 0), ("b", [4, 5], 0)], steering)
+    prefill = hooks.composition
+    out, _, _ = _step(toy, [("a", [6], 3), ("b", [7], 2)], steering)
+    decode = hooks.composition
+    assert decode is prefill  # same requests, same payloads: one composition (the token ranges changed)
+    ranges = decode._ranges
+    again, _, _ = _step(toy, [("a", [6], 4), ("b", [7], 3)], steering)
+    assert hooks.composition is decode and decode._ranges is ranges  # a steady decode step reuses both
+    assert not torch.allclose(again, out)  # (the positions moved)
+    changed = dict(steering, a=_xargs([second], 3))  # a's payload changes under the same request id
+    out_changed, _, _ = _step(toy, [("a", [6], 3), ("b", [7], 2)], changed)
+    assert hooks.composition is not decode
+    alone_first, _, _ = _step(alone_model, [("a", [6], 3)], steering)
+    assert torch.allclose(out[:1], alone_first, atol=1e-6)
+    alone_changed, _, _ = _step(alone_model, [("a", [6], 3)], changed)
+    assert torch.allclose(out_changed[:1], alone_changed, atol=1e-6)
+    assert not torch.allclose(out_changed[:1], out[:1])  # the new vector, not the cached old one
+    assert torch.equal(out_changed[1:], out[1:])
+    restarted = dict(steering, a={**steering["a"], XARGS_START: [2]})  # the same payload, another start
+    assert request_spec(restarted["a"]) != request_spec(steering["a"])
+    _step(toy, [("a", [6], 2), ("b", [7], 2)], steering)  # position 2 is before the start 3: unsteered
+    plain_at_2 = hooks.plan
+    out_restarted, _, _ = _step(toy, [("a", [6], 2), ("b", [7], 2)], restarted)
+    assert hooks.composition is not decode and plain_at_2 == [] and len(hooks.plan) == 1
+    alone_restarted, _, _ = _step(alone_model, [("a", [6], 2)], restarted)
+    assert torch.allclose(out_restarted[:1], alone_restarted, atol=1e-6)
+    before = hooks.composition
+    _step(toy, [("b", [7], 3)], steering)  # a finished
+    assert hooks.composition is not before and not hooks.composition and hooks.plan == []
+    _step(toy, [("b", [7], 4)], steering)
+    assert hooks.plan == [] and not hooks.at
 
 
 def test_the_plugin_is_inert_without_the_env_flag(monkeypatch):
