@@ -26,6 +26,7 @@ from steer_hydra.backends.vllm_steering import (
     lowered_requirements,
     meta_skeleton,
     steering_fields,
+    wire,
 )
 from steer_hydra.controls.state import CAA, PASTA, ActAdd
 from steer_hydra.core.capabilities import Capability
@@ -371,3 +372,20 @@ def test_a_runner_without_the_persistent_batch_is_left_alone(toy):
     runner = types.SimpleNamespace(get_model=lambda: toy)
     assert install(runner) is None
     assert not toy._forward_pre_hooks and not any(layer._forward_hooks for layer in toy.layers)
+
+
+def test_the_payload_is_encoded_once_per_distinct_additions_and_follows_their_content(monkeypatch):
+    from steer_hydra.backends import vllm_steering
+
+    rows = torch.arange(8, dtype=torch.float32).reshape(1, 8)
+    written = []
+    monkeypatch.setattr(vllm_steering, "wire", lambda a: written.append(a) or wire(a))
+    first = ResidualAddition(2, "output", "from", rows, "after_prompt")
+    same = ResidualAddition(2, "output", "from", rows.clone(), "after_prompt")
+    fields = [steering_fields([a], 5) for a in (first, same, first)]
+    assert len(written) <= 1 and fields[0] == fields[1] == fields[2]
+    changed = ResidualAddition(2, "output", "from", rows + 1e-6, "after_prompt")
+    other = steering_fields([changed], 5)
+    assert json.loads(other["vllm_xargs"][XARGS_KEY])[0]["rows"] == (rows + 1e-6).double().tolist()
+    assert other["cache_salt"] != fields[0]["cache_salt"]
+    assert steering_fields([first], 6)["cache_salt"] != fields[0]["cache_salt"]  # starts salt the cache too
