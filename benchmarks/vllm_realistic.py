@@ -260,12 +260,13 @@ def main(argv: list[str] | None = None) -> int:
         ("provider-hf-refill", "hf-refill", "provider / raw, Hugging Face refill"),
         ("provider-hf-static", "hf-static", "provider / raw, Hugging Face static"),
     ]
-    print(f"\n{'useful tok/s ratio':<52}{'median':>7}  {'per round':<16}what")
+    width = max(16, 5 * args.rounds + 1)
+    print(f"\n{'useful tok/s ratio':<52}{'median':>7}  {'per round':<{width}}what")
     for a, b, label in pairs:
         if results.get(a) and results.get(b):
             per_round = [x["tok_s"] / y["tok_s"] for x, y in zip(results[a], results[b], strict=True)]
             rounds = " ".join(f"{r:.2f}" for r in per_round)
-            print(f"{a + ' / ' + b:<52}{statistics.median(per_round):>7.2f}  {rounds:<16}{label}")
+            print(f"{a + ' / ' + b:<52}{statistics.median(per_round):>7.2f}  {rounds:<{width}}{label}")
     return 0
 
 
