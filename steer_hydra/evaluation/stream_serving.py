@@ -10,8 +10,8 @@ and finish reasons, `n` candidates, steering additions and the reasoning split.
 
 Seeds: a sampling request that carries a seed gets its own, derived from that seed, the request's content (prompt,
 generation kwargs, per-sample runtime kwargs, candidates) and how many identical requests came before it
-(`request_seed`). A request's draws therefore depend only on itself, not on arrival timing, so a rerun repeats
-them; the epochs of one sample (identical requests) draw differently.
+(`request_digest`, `request_seed`). A request's draws therefore depend only on itself, not on arrival timing, so a
+rerun repeats them; the epochs of one sample (identical requests) draw differently.
 """
 
 from __future__ import annotations
@@ -32,16 +32,21 @@ if TYPE_CHECKING:
     from steer_hydra.core.output import Output
 
 
-def request_seed(seed: int, record: BatchRequest, occurrence: int) -> int:
-    """The seed of one streamed request: `seed` with the request's content digest and its occurrence among
-    identical requests (0 for the first)."""
+def request_digest(record: BatchRequest) -> str:
+    """The identity of a request's content (prompt, generation kwargs but the seed, per-sample runtime kwargs,
+    candidates): identical requests, e.g. the epochs of one sample, share it."""
     content = {
         "prompt": canonical_value(record.prompt),
         "gen_kwargs": canonical_value({k: v for k, v in record.gen_kwargs.items() if k != "seed"}),
         "runtime_kwargs": canonical_value(record.per_sample_runtime_kwargs),
         "num_choices": record.num_choices,
     }
-    digest = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:32]
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def request_seed(seed: int, digest: str, occurrence: int) -> int:
+    """The seed of one streamed request: `seed` with the request's content digest (`request_digest`) and its
+    occurrence among identical requests (0 for the first)."""
     return derive_item_seed(seed, f"request-{digest}", occurrence)
 
 
@@ -53,7 +58,7 @@ class StreamCollator(LockLeaderCollator):
     def __init__(self, pipeline: Any, *, concurrency: int, **kwargs: Any) -> None:
         super().__init__(pipeline, **kwargs)
         self._limiter = anyio.CapacityLimiter(concurrency)
-        self._seen: Counter[str] = Counter()
+        self._seen: Counter[tuple[int, str]] = Counter()
         self._seen_lock = threading.Lock()
         self._running = 0
 
@@ -66,11 +71,11 @@ class StreamCollator(LockLeaderCollator):
         record = super().admit(prompt, gen_kwargs, per_sample_runtime_kwargs, num_choices)
         seed = record.gen_kwargs.get("seed")
         if seed is not None:
-            key = request_seed(int(seed), record, 0)  # the content's identity, whatever its occurrence
+            digest = request_digest(record)
             with self._seen_lock:
-                occurrence = self._seen[str(key)]
-                self._seen[str(key)] += 1
-            record.gen_kwargs["seed"] = request_seed(int(seed), record, occurrence)
+                occurrence = self._seen[(int(seed), digest)]
+                self._seen[(int(seed), digest)] += 1
+            record.gen_kwargs["seed"] = request_seed(int(seed), digest, occurrence)
         return record
 
     async def serve(self, record: BatchRequest) -> Output:

@@ -15,7 +15,7 @@ from steer_hydra.core.capabilities import Capability
 from steer_hydra.core.controls import DecodingDriver, DriverResult
 from steer_hydra.evaluation import ProviderOptions, as_inspect_model
 from steer_hydra.evaluation.batching import BatchRequest
-from steer_hydra.evaluation.stream_serving import StreamCollator, request_seed
+from steer_hydra.evaluation.stream_serving import StreamCollator, request_digest, request_seed
 from steer_hydra.models import build_tiny_model
 from steer_hydra.testing.loopback_server import LoopbackCompletionsServer
 
@@ -122,9 +122,12 @@ def test_a_streamed_requests_seed_depends_on_its_content_and_occurrence_only(ser
     def record(word, **gen):
         return BatchRequest([{"role": "user", "content": word}], {"seed": 7, **gen}, {}, 1, "key")
 
-    assert request_seed(7, record("a"), 0) == request_seed(7, record("a"), 0)
-    seeds = {request_seed(7, record("a"), 0), request_seed(7, record("a"), 1), request_seed(7, record("b"), 0)}
-    seeds |= {request_seed(8, record("a"), 0), request_seed(7, record("a", temperature=0.5), 0)}
+    def seed(seed, rec, occurrence):
+        return request_seed(seed, request_digest(rec), occurrence)
+
+    assert seed(7, record("a"), 0) == seed(7, record("a"), 0)
+    seeds = {seed(7, record("a"), 0), seed(7, record("a"), 1), seed(7, record("b"), 0)}
+    seeds |= {seed(8, record("a"), 0), seed(7, record("a", temperature=0.5), 0)}
     assert len(seeds) == 5
 
     pipeline = serve_pipeline()
