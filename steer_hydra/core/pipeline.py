@@ -577,6 +577,7 @@ class SteeringPipeline:
         *,
         runtime_kwargs: Mapping[str, Any] | None = None,
         row_max_new_tokens: Sequence[int] | None = None,
+        row_seeds: Sequence[int | None] | None = None,
         messages: Any = None,
         text: Sequence[str] | None = None,
         **gen_kwargs: Any,
@@ -585,7 +586,9 @@ class SteeringPipeline:
 
         `on_done[i](output, error)` receives row i's `Output` (or the error that ended it) on the engine thread.
         Rows get the seeds, runtime kwargs and lowered parameters a static call gives them (`item` seeds per row:
-        each row samples from its own generator); `row_max_new_tokens` caps rows individually.
+        each row samples from its own generator); `row_max_new_tokens` caps rows individually. `row_seeds` gives
+        each row the seed of its own request instead of the call's `seed`: a row then samples as a one-row call
+        with that seed would.
         Raises ValueError (nothing admitted) for calls refill cannot run: `n > 1`, extra `model.generate`
         kwargs, live logits processors or stopping criteria.
         """
@@ -608,10 +611,13 @@ class SteeringPipeline:
         if processors or criteria:
             raise ValueError("refill cannot run live logits processors or stopping criteria; use static batching.")
         batch = ids.shape[0]
-        if len(on_done) != batch:
-            raise ValueError(f"admit_refill got {len(on_done)} callbacks for {batch} prompts.")
+        if len(on_done) != batch or (row_seeds is not None and len(row_seeds) != batch):
+            raise ValueError(f"admit_refill needs one callback (and row seed, if any) per prompt; got {batch} prompts.")
         limits = list(row_max_new_tokens) if row_max_new_tokens is not None else [params.max_new_tokens] * batch
-        seeds = self._row_seeds(params.replace(seed_scope="item"), batch)
+        if row_seeds is None:
+            seeds = self._row_seeds(params.replace(seed_scope="item"), batch)
+        else:
+            seeds = [self._row_seeds(params.replace(seed=seed), 1)[0] for seed in row_seeds]
         eos = self._backend.eos_token_ids
         rows = []
         for i in range(batch):

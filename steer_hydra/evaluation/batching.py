@@ -46,6 +46,11 @@ Reproducibility: which samples run is fixed by the suite, but a sample's dispatc
 on arrival timing. Seeded sampling with `seed_scope="dispatch"` is reproducible per dispatch, not per sample;
 a bitwise-reproducible stochastic run needs a ceiling of 1 and Inspect `max_connections=1`. Greedy decoding
 avoids seed sensitivity (padded-batch numerics can still differ from single-row numerics on some kernels).
+Collators whose rows sample independently (`seeds_per_request`: refill and streaming) instead give each seeded
+request its own seed, derived from the call's seed, the request's content (prompt, generation kwargs, per-sample
+runtime kwargs, candidates) and how many identical requests came before it (`request_digest`, `request_seed`):
+a request's draws then depend only on itself, so a rerun repeats them, and the epochs of one sample (identical
+requests) draw differently.
 """
 
 from __future__ import annotations
@@ -64,7 +69,7 @@ import anyio
 import anyio.lowlevel
 import sniffio
 
-from steer_hydra.core.identity import canonical_value
+from steer_hydra.core.identity import canonical_value, derive_item_seed
 
 if TYPE_CHECKING:
     from steer_hydra.core.output import Output
@@ -109,6 +114,24 @@ class BatchRequest:
     error: BaseException | None = None
     notify: Callable[[], None] | None = None
     abandoned: bool = False
+
+
+def request_digest(record: BatchRequest) -> str:
+    """The identity of a request's content (prompt, generation kwargs but the seed, per-sample runtime kwargs,
+    candidates): identical requests, e.g. the epochs of one sample, share it."""
+    content = {
+        "prompt": canonical_value(record.prompt),
+        "gen_kwargs": canonical_value({k: v for k, v in record.gen_kwargs.items() if k != "seed"}),
+        "runtime_kwargs": canonical_value(record.per_sample_runtime_kwargs),
+        "num_choices": record.num_choices,
+    }
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def request_seed(seed: int, digest: str, occurrence: int) -> int:
+    """The seed of one request: the call's `seed` with the request's content digest (`request_digest`) and its
+    occurrence among identical requests (0 for the first)."""
+    return derive_item_seed(seed, f"request-{digest}", occurrence)
 
 
 def loop_caller() -> Callable[[Callable[[], None]], None]:
@@ -162,6 +185,10 @@ class LockLeaderCollator:
         chat_template_kwargs: Added to every dispatch's gen kwargs on the messages path, or None.
     """
 
+    # Subclasses whose rows sample independently set this: each seeded request then gets its own seed
+    # (`request_seed`), after its batch key is taken, so requests still share dispatches by the call's seed.
+    seeds_per_request = False
+
     def __init__(
         self,
         pipeline: SteeringPipeline,
@@ -188,6 +215,7 @@ class LockLeaderCollator:
         self._closed = False
         self._awaited = 0
         self._inert: set[str] = set()
+        self._seen: Counter[tuple[int, str]] = Counter()  # (call seed, request digest) -> requests admitted
         self._logged_batch_failures: set[str] = set()
         self._static_call: dict[str, Any] = {}
         self._static_row: dict[str, Any] = {}
@@ -271,13 +299,21 @@ class LockLeaderCollator:
                 continue
             retained[key] = value
         choices = max(1, int(num_choices))
-        return BatchRequest(
+        record = BatchRequest(
             prompt=prompt,
             gen_kwargs=dict(gen_kwargs),
             per_sample_runtime_kwargs=retained,
             num_choices=choices,
             batch_key=batch_key(gen_kwargs, retained, choices),
         )
+        seed = record.gen_kwargs.get("seed")
+        if self.seeds_per_request and seed is not None:
+            digest = request_digest(record)
+            with self._queue_lock:
+                occurrence = self._seen[(int(seed), digest)]
+                self._seen[(int(seed), digest)] += 1
+            record.gen_kwargs["seed"] = request_seed(int(seed), digest, occurrence)
+        return record
 
     # ------------------------------------------------------------------ the leader protocol
     async def serve(self, record: BatchRequest) -> Output:

@@ -98,8 +98,8 @@ class ProviderOptions:
             `GenerateConfig` parameters the pipeline cannot honor.
         seed_scope: "dispatch" (the default: one derived seed per batched dispatch, decoded in one pass) or
             "item" (one seed per row, rows decoded one at a time), attached to seeded sampling requests. Static
-            batching only: refill samples each row from its own item seed, streaming each request from its own
-            seed (`stream_serving.request_seed`).
+            batching only: refill and streaming sample each request from its own seed (`batching.request_seed`),
+            whatever the arrival timing.
         batching: "auto" (the default) streams where the pipeline allows it, else refills where it allows that
             and the ceiling is above 1, else runs static batches (`batching_in_force`); "stream" hands each
             request to the backend on its own as it arrives, `2 * max_batch_size` at once, and the engine's

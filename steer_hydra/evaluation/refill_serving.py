@@ -14,7 +14,8 @@ Invariants:
 - `done` events are set on the event-loop thread (`call_soon_threadsafe` / trio's `run_sync_soon`);
 - a row's tokens depend only on its own request (prompt, gen kwargs, runtime kwargs, seed), not on which
   records shared the loop with it: greedy rows match static batching; a seeded sampling row draws from its own
-  generator seeded with its item seed (row index within its admission group), whatever `seed_scope` says.
+  generator, seeded from its request's own seed (`seeds_per_request`, see `steer_hydra.evaluation.batching`)
+  whatever `seed_scope` says, so a rerun repeats its draws whatever the arrival timing.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ class RefillCollator(LockLeaderCollator):
 
     Takes `LockLeaderCollator`'s arguments; the pipeline must have an empty `refill_blockers()`.
     """
+
+    seeds_per_request = True
 
     def __init__(self, pipeline: Any, **kwargs: Any) -> None:
         super().__init__(pipeline, **kwargs)
@@ -161,6 +164,7 @@ class RefillCollator(LockLeaderCollator):
                 self._engine,
                 callbacks,
                 runtime_kwargs=self._runtime_kwargs(group),
+                row_seeds=[record.gen_kwargs.get("seed") for record in group],
                 **{self._prompt_path: [record.prompt for record in group]},
                 **gen_kwargs,
             )

@@ -79,6 +79,35 @@ def test_concurrent_requests_match_static_calls_and_short_ones_return_first(make
     assert collator.engine.idle and collator.queued == 0
 
 
+def test_a_sampled_requests_draws_do_not_depend_on_what_it_was_admitted_with(make_pipeline):
+    pipeline = make_pipeline()
+    sampling = {"max_new_tokens": 8, "do_sample": True, "temperature": 1.0, "seed": 3}
+
+    def drawn(ceiling, order):
+        collator = collator_for(pipeline, ceiling=ceiling)
+        outputs = {}
+
+        async def one(i):
+            record = collator.admit(chat(WORDS[i % 3]), sampling, {}, 1)  # each prompt twice: two occurrences
+            outputs[i] = await collator.serve(record)
+
+        async def main():
+            async with anyio.create_task_group() as tg:
+                for i in order:
+                    tg.start_soon(one, i)
+
+        anyio.run(main)
+        by_prompt: dict[int, list] = {}
+        for i, output in outputs.items():
+            by_prompt.setdefault(i % 3, []).append(output.output_ids[0].tolist())
+        return {k: sorted(v) for k, v in by_prompt.items()}
+
+    together = drawn(ceiling=6, order=range(6))
+    apart = drawn(ceiling=1, order=reversed(range(6)))
+    assert together == apart  # admission groups of six or of one, in either order: the same draws per prompt
+    assert all(a != b for a, b in together.values())  # the two occurrences of a prompt draw differently
+
+
 def test_admitted_requests_keep_their_own_runtime_kwargs(make_pipeline):
     pasta = PASTA(head_config=[0, 1], alpha=0.01, scale_position="exclude")
     pipeline = make_pipeline([pasta])

@@ -14,8 +14,8 @@ from steer_hydra.core import BackendSpec, SteeringPipeline
 from steer_hydra.core.capabilities import Capability
 from steer_hydra.core.controls import DecodingDriver, DriverResult
 from steer_hydra.evaluation import ProviderOptions, as_inspect_model
-from steer_hydra.evaluation.batching import BatchRequest
-from steer_hydra.evaluation.stream_serving import StreamCollator, request_digest, request_seed
+from steer_hydra.evaluation.batching import BatchRequest, request_digest, request_seed
+from steer_hydra.evaluation.stream_serving import StreamCollator
 from steer_hydra.models import build_tiny_model
 from steer_hydra.testing.loopback_server import LoopbackCompletionsServer
 
