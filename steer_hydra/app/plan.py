@@ -28,6 +28,7 @@ in `check_protocol`, before any model loads, naming the file and the fix.
 from __future__ import annotations
 
 import enum
+import json
 import logging
 import os
 import re
@@ -63,6 +64,9 @@ LOCK_FILE = ".lock"
 HOLDERS_DIR = "holders"  # save_dir/protocol/holders/<suite>.<host>.<pid>.<uuid>: one per job holding a claim
 HOLDER_REFRESH_S = 60.0  # a job touches its holder this often while it runs
 HOLDER_LEASE_S = 600.0  # a holder not touched for this long is stale on any host (its job is gone)
+# `model` keys that do not change what a log holds: the display name, and the layer the concept controls default to
+# (the layer a control steers is part of its config_id).
+MODEL_KEYS_OUTSIDE_PROTOCOL = ("name", "steering_layer")
 
 
 class ConfigError(ValueError):
@@ -85,7 +89,8 @@ def _choices() -> dict[str, Any]:
 
 
 def arm_default_config_id(arm_choice: str, choices: Mapping[str, Any] | None = None) -> str | None:
-    """The config_id of arm option `arm_choice` as its file defines it (under the job's model and experiment).
+    """The config_id of arm option `arm_choice` as its file defines it (under the job's model, experiment and
+    concept: `choices["concept"]`, when given, is the job's top-level `concept`).
 
     None when the option cannot be composed (an arm given inline): such an arm always shows its config_id.
     """
@@ -96,6 +101,8 @@ def arm_default_config_id(arm_choice: str, choices: Mapping[str, Any] | None = N
     overrides = [f"arm={arm_choice}"] + [
         f"{group}={choices[group]}" for group in ("model", "experiment") if choices.get(group) is not None
     ]
+    if choices.get("concept") is not None:  # a concept arm is named by its method whatever the concept
+        overrides.append(f"concept={json.dumps(str(choices['concept']))}")
     if choices.get("hydra.searchpath"):  # the user's own groups (an arm defined outside the package)
         overrides.append(f"hydra.searchpath=[{','.join(choices['hydra.searchpath'])}]")
     try:
@@ -246,7 +253,7 @@ class JobPlan:
         backend = BackendSpec(kind=plain["backend"]["kind"], options=plain["backend"]["options"] or {})
         name = plain["arm"]["name"]
         config_id = config_digest(config_descriptor_from_controls(controls))
-        choices = _choices()
+        choices = {**_choices(), "concept": plain.get("concept")}
         arm_choice = choices.get("arm") or name
         default_id = config_id if config_id == BASELINE_CONFIG_ID and name == "baseline" else None
         default_id = default_id or arm_default_config_id(arm_choice, choices)
@@ -290,7 +297,7 @@ class JobPlan:
         return redact(
             canonical_value(
                 {
-                    "model": {k: v for k, v in self.model.items() if k != "name"},
+                    "model": {k: v for k, v in self.model.items() if k not in MODEL_KEYS_OUTSIDE_PROTOCOL},
                     "backend": backend,
                     "provider": self.options,
                     "generate_defaults": self.generate_defaults,

@@ -68,6 +68,7 @@ def preflight(cfg: Any) -> None:
         check_model,
         check_layers,
         check_tasks,
+        check_concept,
         check_datasets,
     ):
         problems.extend(p for p in check(plain) if p not in problems)
@@ -585,7 +586,8 @@ def check_layers(plain: Mapping[str, Any]) -> list[str]:
                 what, fix = f"{where} names layer {layer}", f"layers 0..{layers - 1} in {where}"
             problems.append(
                 f"{what}: the model has {layers} decoder layers (0..{layers - 1}; {source}). Fix: {fix}; "
-                "choose layers per model in conf/arm_model/<arm>_<model>.yaml."
+                "choose layers per model in conf/arm_model/<arm>_<model>.yaml (or model.steering_layer, which the "
+                "concept controls read)."
             )
             continue
         bad = [h for h in listed if heads is not None and not 0 <= h < heads]
@@ -641,6 +643,21 @@ def _task_problem(name: str) -> str | None:
             "inspect_evals/gsm8k) or a file reference path/to/task.py@name."
         )
     return None
+
+
+def check_concept(plain: Mapping[str, Any]) -> list[str]:
+    """`concept` names a built-in concept or a well-formed concept file (the concept suites and controls read it
+    as `${concept}`); checked for every job, since loading one small file costs nothing."""
+    value = plain.get("concept")
+    if value is None:
+        return []
+    from steer_hydra.tasks.concepts import ConceptFileError, load_concept
+
+    try:
+        load_concept(str(value))
+    except ConceptFileError as error:
+        return [f"concept={value!r}: {error}"]
+    return []
 
 
 # ---------------------------------------------------------------------------------------------- catalog datasets

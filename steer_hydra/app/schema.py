@@ -64,6 +64,9 @@ class ModelConfig:
     hf_model_kwargs: dict[str, Any] = field(default_factory=dict)
     device_map: Any = "auto"
     trust_remote_code: bool = False
+    # The decoder layer the concept controls steer by default (`layer_id: ${model.steering_layer}`); None leaves
+    # each control's own default. Not part of the model's identity in a save_dir's protocol.
+    steering_layer: Optional[int] = None  # noqa: UP045
 
 
 @dataclass
@@ -150,6 +153,10 @@ class AppConfig:
     # The steering strength arms read as ${strength} (e.g. the concept arms' multiplier), so a study sweeps one
     # key for every method; arms that do not reference it ignore it (their config_id does not change).
     strength: float = 0.5
+    # The concept the concept suites and controls read as ${concept}: a built-in concept's name (weddings, joy,
+    # pirate, money, dragons, sadness, shakespearean, french) or the path of a concept file (.yaml / .yml; see
+    # steer_hydra/tasks/concepts.py). Pre-flight loads it, so a bad file is refused before any model loads.
+    concept: str = "weddings"
 
 
 SCHEMA_NAME = "steer_hydra_schema"

@@ -6,8 +6,9 @@ and `test` (72, for reporting), disjoint by construction. A steering method succ
 the concept while still answering the instruction, fluently. Four scorers, each in [0, 1] (AxBench rates each of
 the first three 0/1/2 with an LLM judge; here they are rules, so they are cheap, deterministic and offline):
 
-- `concept_score`: the concept's shipped lexicon (`LEXICONS`, word stems matched at word starts) - 0 for no
-  term, 0.5 for one distinct term, 1 for two or more;
+- `concept_score`: the concept's lexicon (word stems from its concept file, `tasks/concepts.py`; a stem of 3
+  characters or fewer must equal a word, a longer one matches word starts) - 0 for no term, 0.5 for one distinct
+  term, 1 for two or more; a concept without a lexicon is refused when the task is built (score it with a judge);
 - `instruction_score`: relevance to the instruction - 1 when the answer names the instruction's subject (one of
   its keywords), else 0;
 - `fluency_score`: 1 minus penalties for degenerate text - replacement characters (U+FFFD) or an empty answer
@@ -15,19 +16,25 @@ the first three 0/1/2 with an LLM judge; here they are rules, so they are cheap,
 - `concept_harmonic`: the harmonic mean of the three (0 when any is 0), AxBench's aggregate.
 
 `degenerate` in the study's statistics is `fluency_score < 0.5`.
+
+`concept` is a built-in concept's name or the path of a concept file (`load_concept`). Each sample's metadata
+holds `concept` (its name), `concept_description`, `instruction` (the instruction text), `keywords` (the
+subject's), `split` and `runtime_kwargs` (the instruction as PASTA `substrings`): what a model judge needs.
 """
 
 from __future__ import annotations
 
 import random
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from inspect_ai import Task
 from inspect_ai.dataset import MemoryDataset, Sample
 from inspect_ai.scorer import Score, Target, mean, scorer, stderr
 from inspect_ai.solver import TaskState
 
+from steer_hydra.tasks.concepts import Concept, ConceptFileError, load_concept
 from steer_hydra.tasks.registry import builtin_task
 
 # subject phrase, keywords that show the answer is about it
@@ -87,22 +94,6 @@ TEMPLATES = (
 DEV_SIZE = 60
 SPLITS = ("dev", "test", "all")
 
-# Concept lexicons: stems matched at the start of a word (lowercase). Shipped with the project, versioned with it.
-LEXICONS: dict[str, tuple[str, ...]] = {
-    "weddings": (
-        "wedding", "bride", "groom", "marri", "marry", "vow", "bridal", "bridesmaid", "newlywed", "honeymoon",
-        "engage", "fianc", "ceremon", "reception", "spouse", "husband", "wife", "veil", "bouquet", "altar",
-    ),
-    "joy": (
-        "joy", "happy", "happi", "delight", "wonderful", "love", "lovely", "amazing", "fantastic", "glorious",
-        "cheer", "thrill", "beautiful", "brilliant", "fabulous", "smile", "grateful", "bliss", "excit", "adore",
-    ),
-    "pirate": (
-        "arr", "matey", "ahoy", "ye", "hearty", "hearties", "avast", "landlubber", "scallywag", "doubloon",
-        "treasure", "pirate", "galleon", "captain", "cap'n", "grog", "plunder", "booty", "shiver", "jolly",
-    ),
-}  # fmt: skip
-
 _WORD = re.compile(r"[a-z']+")
 _REPLACEMENT = "\ufffd"
 
@@ -115,6 +106,11 @@ def _ordered_items() -> list[tuple[str, str, tuple[str, ...]]]:
             number = t * len(SUBJECTS) + s + 1
             items.append((f"cs-{number:03d}", template.format(subject=subject), keywords))
     return items
+
+
+def instructions() -> dict[str, str]:
+    """Every instruction of the task by sample id (`cs-001`...)."""
+    return {sample_id: text for sample_id, text, _ in _ordered_items()}
 
 
 def split_ids(split: str) -> list[str]:
@@ -130,19 +126,21 @@ def split_ids(split: str) -> list[str]:
     return [i for i in ids if i in chosen]
 
 
-def concept_samples(concept: str = "weddings", split: str = "all") -> list[Sample]:
-    """The split's samples in id order; metadata holds the concept, the subject keywords and the split."""
-    if concept not in LEXICONS:
-        raise ValueError(f"concept_steering: concept must be one of {sorted(LEXICONS)}; got {concept!r}.")
+def concept_samples(concept: str | Path | Concept = "weddings", split: str = "all") -> list[Sample]:
+    """The split's samples in id order; metadata holds the concept (name and description), the instruction, the
+    subject keywords and the split."""
+    found = load_concept(concept)
     chosen = set(split_ids(split))
     dev = set(split_ids("dev"))
     return [
         Sample(
             id=sample_id,
             input=instruction,
-            target=concept,
+            target=found.name,
             metadata={
-                "concept": concept,
+                "concept": found.name,
+                "concept_description": found.description,
+                "instruction": instruction,
                 "keywords": list(keywords),
                 "split": "dev" if sample_id in dev else "test",
                 "runtime_kwargs": {"substrings": [instruction]},
@@ -162,10 +160,24 @@ def _has_stem(words: list[str], stem: str) -> bool:
     return any(w.startswith(stem) for w in words)
 
 
-def concept_value(text: str, concept: str) -> float:
-    """0, 0.5 or 1: no lexicon term, one distinct term, two or more distinct terms of the concept."""
+def concept_lexicon(concept: str | Path | Concept) -> tuple[str, ...]:
+    """The concept's lexicon; a concept without one is refused (the rule scorer has nothing to count)."""
+    found = load_concept(concept)
+    if not found.lexicon:
+        raise ConceptFileError(
+            found.source or found.name,
+            f"concept {found.name!r} has no lexicon, so the rule scorer concept_score cannot score it",
+            "add `lexicon: [stem, ...]` (word stems that show the concept) to the concept file, or score the task "
+            "with a model judge",
+        )
+    return found.lexicon
+
+
+def concept_value(text: str, lexicon: Sequence[str]) -> float:
+    """0, 0.5 or 1: no lexicon term, one distinct term, two or more distinct terms (stems of 3 characters or fewer
+    must equal a word; longer ones match word starts)."""
     words = _words(text)
-    hits = sum(1 for stem in LEXICONS[concept] if (stem in words if len(stem) <= 3 else _has_stem(words, stem)))
+    hits = sum(1 for stem in lexicon if (stem in words if len(stem) <= 3 else _has_stem(words, stem)))
     return 0.0 if hits == 0 else 0.5 if hits == 1 else 1.0
 
 
@@ -212,24 +224,44 @@ def _rule_scorer(name: str, rule: Callable[[str, dict], float]):
     return build
 
 
-concept_score = _rule_scorer("concept_score", lambda text, meta: concept_value(text, meta["concept"]))
 instruction_score = _rule_scorer("instruction_score", lambda text, meta: instruction_value(text, meta["keywords"]))
 fluency_score = _rule_scorer("fluency_score", lambda text, meta: fluency_value(text))
-concept_harmonic = _rule_scorer(
-    "concept_harmonic",
-    lambda text, meta: harmonic_value(
-        [concept_value(text, meta["concept"]), instruction_value(text, meta["keywords"]), fluency_value(text)]
-    ),
-)
+
+
+@scorer(metrics=[mean(), stderr()])
+def concept_score(concept: str = "weddings"):
+    """The concept's lexicon terms in the answer (`concept_value`); `concept` is a built-in name or a file path."""
+    lexicon = concept_lexicon(concept)
+
+    async def score(state: TaskState, target: Target) -> Score:
+        text = state.output.completion
+        return Score(value=concept_value(text, lexicon), answer=text)
+
+    return score
+
+
+@scorer(metrics=[mean(), stderr()])
+def concept_harmonic(concept: str = "weddings"):
+    """The harmonic mean of the concept, instruction and fluency values (AxBench's aggregate)."""
+    lexicon = concept_lexicon(concept)
+
+    async def score(state: TaskState, target: Target) -> Score:
+        text = state.output.completion
+        parts = [concept_value(text, lexicon), instruction_value(text, state.metadata["keywords"]), fluency_value(text)]
+        return Score(value=harmonic_value(parts), answer=text)
+
+    return score
 
 
 @builtin_task
 def concept_steering(concept: str = "weddings", split: str = "all", runtime_kwargs_key: str = "runtime_kwargs") -> Task:
-    """Neutral instructions; concept, instruction-relevance, fluency and harmonic scores (see the module)."""
+    """Neutral instructions; concept, instruction-relevance, fluency and harmonic scores (see the module).
+    `concept`: a built-in concept's name or the path of a concept file."""
     from steer_hydra.evaluation.solvers import runtime_kwargs_solver
 
+    found = load_concept(concept)
     return Task(
-        dataset=MemoryDataset(concept_samples(concept, split), name=f"concept_steering_{concept}_{split}"),
+        dataset=MemoryDataset(concept_samples(found, split), name=f"concept_steering_{found.name}_{split}"),
         solver=[runtime_kwargs_solver(key=runtime_kwargs_key)],
-        scorer=[concept_score(), instruction_score(), fluency_score(), concept_harmonic()],
+        scorer=[concept_score(concept), instruction_score(), fluency_score(), concept_harmonic(concept)],
     )

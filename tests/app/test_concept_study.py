@@ -11,9 +11,10 @@ from hydra_plugins.steer_hydra_study.study_sweeper import StudySweeper
 from steer_hydra.app.plan import JobPlan
 from steer_hydra.app.schema import register_configs
 from steer_hydra.controls.input import SystemPrompt
-from steer_hydra.controls.state import CAA, PASTA, concept_pairs, concept_system_prompt
+from steer_hydra.controls.state import CAA, PASTA
+from steer_hydra.tasks.concepts import concept_pairs, concept_system_prompt
 
-STUDY_ARMS = ("baseline", "prompt_weddings", "pasta", "caa_weddings", "caa_weddings_random", "caa_weddings_negated")
+STUDY_ARMS = ("baseline", "prompt_concept", "pasta", "caa_concept", "caa_concept_random", "caa_concept_negated")
 
 
 @pytest.fixture
@@ -31,13 +32,14 @@ def test_the_study_sweeper_covers_every_arm_and_strength_and_the_costs(study):
     assert type(sweeper).__name__ == StudySweeper.__name__ and tuple(sweeper.arms) == STUDY_ARMS
     assert len(sweeper.strengths) >= 3 and sweeper.strengths == sorted(sweeper.strengths)
     assert sweeper.objective == "concept_harmonic" and sweeper.maximize
-    assert sweeper.follows == {"caa_weddings_random": "caa_weddings", "caa_weddings_negated": "caa_weddings"}
-    assert set(sweeper.swept) == {"caa_weddings", "caa_weddings_random", "caa_weddings_negated"}
+    assert sweeper.follows == {"caa_concept_random": "caa_concept", "caa_concept_negated": "caa_concept"}
+    assert set(sweeper.swept) == {"caa_concept", "caa_concept_random", "caa_concept_negated"}
     assert sweeper.cost_suites == ["capability_offline"]
     assert cfg.model.model_name_or_path == "steer_hydra:smollm2"
     for suite, split in ((sweeper.dev_suite, "dev"), (sweeper.test_suite, "test")):
         composed = study(f"suite={suite}")
-        assert composed.suite.tasks == ["steer_hydra/concept_steering"] and composed.suite.task_args == {"split": split}
+        assert composed.suite.tasks == ["steer_hydra/concept_steering"]
+        assert composed.suite.task_args == {"concept": "weddings", "split": split}
     assert study("suite=capability_offline").suite.limit >= 60
 
 
@@ -48,7 +50,7 @@ def test_every_arm_builds_with_the_swept_strength(study, arm):
     if arm.startswith("caa"):
         (control,) = plan.controls
         assert isinstance(control, CAA) and control.multiplier == 0.25 and control.layer_id == 12
-        assert control.direction == {"caa_weddings": "vector"}.get(arm, arm.rsplit("_", 1)[-1])
+        assert control.direction == {"caa_concept": "vector"}.get(arm, arm.rsplit("_", 1)[-1])
         assert control.accumulate == "completion" and control.strength_unit == "median_norm"
         assert list(control.data) == concept_pairs("weddings")
         assert plan.config_id != again.config_id  # each strength is its own configuration
@@ -56,7 +58,7 @@ def test_every_arm_builds_with_the_swept_strength(study, arm):
         assert plan.config_id == again.config_id  # arms without ${strength} are evaluated once
     if arm == "pasta":
         assert isinstance(plan.controls[0], PASTA) and plan.controls[0].head_config == [10, 11, 12, 13]
-    if arm == "prompt_weddings":
+    if arm == "prompt_concept":
         assert isinstance(plan.controls[0], SystemPrompt)
         assert plan.controls[0].text == concept_system_prompt("weddings")
 

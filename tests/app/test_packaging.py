@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
-def test_wheel_ships_the_config_groups_and_the_inspect_entry_point(tmp_path):
+def test_wheel_ships_the_config_groups_the_concepts_and_the_inspect_entry_point(tmp_path):
     subprocess.run(
         [
             sys.executable,
@@ -51,6 +51,10 @@ def test_wheel_ships_the_config_groups_and_the_inspect_entry_point(tmp_path):
         "experiment/pasta_vs_baseline.yaml",
     ):
         assert f"steer_hydra/conf/{path}" in names, path
+    from steer_hydra.tasks.concepts import builtin_concepts
+
+    for concept in builtin_concepts():
+        assert f"steer_hydra/tasks/concept_data/{concept}.yaml" in names, concept
     (entry_points,) = [n for n in names if n.endswith("entry_points.txt")]
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
     assert "[inspect_ai]" in text and "steer_hydra = steer_hydra.app.inspect_entry" in text

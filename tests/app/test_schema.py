@@ -6,6 +6,7 @@ import typing
 from inspect_ai.util import DisplayType
 
 from steer_hydra.app import schema
+from steer_hydra.app.plan import MODEL_KEYS_OUTSIDE_PROTOCOL
 from steer_hydra.core import ModelSource
 from steer_hydra.core.backend import BACKENDS, canonical_kind
 from steer_hydra.core.params import SEED_SCOPES
@@ -38,8 +39,10 @@ def test_provider_group_defaults_are_the_library_defaults():
 
 def test_model_group_is_a_model_source_with_a_name():
     # tokenizer_name_or_path and device are Python-only (a job loads the tokenizer of its model and lets
-    # device_map place it); adding them to the group would change every save_dir's recorded protocol.
-    assert _names(schema.ModelConfig) - {"name"} == _names(ModelSource) - {"tokenizer_name_or_path", "device"}
+    # device_map place it); adding them to the group would change every save_dir's recorded protocol. The group's
+    # own keys (the name, the layer the concept controls default to) stay out of the protocol.
+    extra = set(MODEL_KEYS_OUTSIDE_PROTOCOL)
+    assert _names(schema.ModelConfig) - extra == _names(ModelSource) - {"tokenizer_name_or_path", "device"}
 
 
 def test_value_sets_are_the_library_constants():

@@ -17,12 +17,12 @@ from steer_hydra.app.study import StudySelection
 from steer_hydra.study import LAUNCHED_FILE
 from steer_hydra.study.selection import strength_of
 
-ARMS = ["baseline", "prompt_weddings", "caa_weddings", "caa_weddings_random", "caa_weddings_negated"]
-FOLLOWS = {"caa_weddings_random": "caa_weddings", "caa_weddings_negated": "caa_weddings"}
+ARMS = ["baseline", "prompt_concept", "caa_concept", "caa_concept_random", "caa_concept_negated"]
+FOLLOWS = {"caa_concept_random": "caa_concept", "caa_concept_negated": "caa_concept"}
 
 
 def _sweeper(**kw) -> StudySweeper:
-    args = dict(arms=ARMS, strengths=[0.6, 0.9], swept=[*FOLLOWS, "caa_weddings"], follows=FOLLOWS)
+    args = dict(arms=ARMS, strengths=[0.6, 0.9], swept=[*FOLLOWS, "caa_concept"], follows=FOLLOWS)
     return StudySweeper(**{**args, "cost_suites": ["capability_offline"], **kw})
 
 
@@ -33,11 +33,11 @@ def _suite(job: list[str]) -> str:
 def test_the_command_line_sets_arms_and_grid_and_reaches_every_job():
     sweeper = _sweeper()
     passthrough = sweeper.plan_arguments(
-        ["experiment=concept_steering", "arm=baseline,caa_weddings_random", "strength=0.9,0.3", "logger=none"]
+        ["experiment=concept_steering", "arm=baseline,caa_concept_random", "strength=0.9,0.3", "logger=none"]
     )
     assert passthrough == ["experiment=concept_steering", "logger=none"]
-    assert sweeper.arms == ["baseline", "caa_weddings_random"] and sweeper.strengths == [0.3, 0.9]
-    assert sweeper.methods() == ["caa_weddings"]  # a sanity arm alone still needs its method's choice
+    assert sweeper.arms == ["baseline", "caa_concept_random"] and sweeper.strengths == [0.3, 0.9]
+    assert sweeper.methods() == ["caa_concept"]  # a sanity arm alone still needs its method's choice
     assert all(job[:2] == passthrough for job in sweeper.dev_jobs(passthrough))
     with pytest.raises(ValueError, match="sweeps only `arm` and `strength`.*Fix"):
         _sweeper().plan_arguments(["seed=1,2"])
@@ -49,10 +49,10 @@ def test_dev_jobs_touch_only_the_dev_suite_and_report_jobs_use_the_choice():
     assert {_suite(job) for job in dev} == {"concept_steering_dev"}
     assert dev[0] == ["arm=baseline", "suite=concept_steering_dev"]
     assert sorted(tuple(job[:2]) for job in dev[1:]) == [
-        ("arm=caa_weddings", "strength=0.6"),
-        ("arm=caa_weddings", "strength=0.9"),
+        ("arm=caa_concept", "strength=0.6"),
+        ("arm=caa_concept", "strength=0.9"),
     ]
-    report = sweeper.report_jobs([], {"caa_weddings": 0.9})
+    report = sweeper.report_jobs([], {"caa_concept": 0.9})
     assert {_suite(job) for job in report} == {"concept_steering_test", "capability_offline"}
     assert len(report) == 2 * len(ARMS)
     for job in report:
@@ -69,20 +69,20 @@ def test_choose_reads_dev_rows_only(monkeypatch):
         for i in range(6):
             for strength in (0.6, 0.9, 2.0):
                 value = 1.0 if strength == best else 0.2
-                rows.append(dict(arm_name="caa_weddings", config_id=f"c{strength}", strength=strength, split=split,
+                rows.append(dict(arm_name="caa_concept", config_id=f"c{strength}", strength=strength, split=split,
                                  sample_id=f"{split}-{i}", trial_id=0, task="t", concept_harmonic=value))  # fmt: skip
-                rows.append(dict(arm_name="caa_weddings_random", config_id=f"r{strength}", strength=strength,
+                rows.append(dict(arm_name="caa_concept_random", config_id=f"r{strength}", strength=strength,
                                  split=split, sample_id=f"{split}-{i}", trial_id=0, task="t",
                                  concept_harmonic=5.0))  # fmt: skip
     frame = pd.DataFrame(rows)
     frame.loc[(frame["split"] == "dev") & (frame["strength"] == 2.0), "concept_harmonic"] = 9.0  # off the grid
-    study = StudySelection(swept=["caa_weddings", "caa_weddings_random"], follows=FOLLOWS, task="t")
+    study = StudySelection(swept=["caa_concept", "caa_concept_random"], follows=FOLLOWS, task="t")
     monkeypatch.setattr(study_module, "study_frame", lambda *a, **k: frame)
-    assert study.choose("unused", strengths=[0.6, 0.9]) == {"caa_weddings": 0.6}
+    assert study.choose("unused", strengths=[0.6, 0.9]) == {"caa_concept": 0.6}
     poisoned = frame.assign(concept_harmonic=frame["concept_harmonic"].where(frame["split"] == "dev", -1.0))
     monkeypatch.setattr(study_module, "study_frame", lambda *a, **k: poisoned)
-    assert study.choose("unused", strengths=[0.6, 0.9]) == {"caa_weddings": 0.6}
-    assert study.choose("unused") == {"caa_weddings": 2.0}  # without the grid, every dev strength is a candidate
+    assert study.choose("unused", strengths=[0.6, 0.9]) == {"caa_concept": 0.6}
+    assert study.choose("unused") == {"caa_concept": 2.0}  # without the grid, every dev strength is a candidate
 
 
 @pytest.mark.slow
@@ -90,7 +90,7 @@ def test_the_study_runs_in_one_command(run_app, tmp_path):
     proc = run_app(
         "--multirun",
         "experiment=concept_steering",
-        "arm=baseline,caa_weddings_random",  # the method itself is chosen on dev, not reported
+        "arm=baseline,caa_concept_random",  # the method itself is chosen on dev, not reported
         "strength=0.5,1.0",
         "logger=none",
         *FAST,
@@ -106,10 +106,10 @@ def test_the_study_runs_in_one_command(run_app, tmp_path):
 
     study = sweep / "study"
     record = json.loads((study / "selection.json").read_text())
-    (caa,) = [c for c in record["choices"] if c["arm_name"] == "caa_weddings"]
-    (rnd,) = [c for c in record["choices"] if c["arm_name"] == "caa_weddings_random"]
+    (caa,) = [c for c in record["choices"] if c["arm_name"] == "caa_concept"]
+    (rnd,) = [c for c in record["choices"] if c["arm_name"] == "caa_concept_random"]
     assert caa["candidates"] == 2 and rnd["strength"] == caa["strength"]
-    assert rnd["strength"] in (0.5, 1.0) and rnd["source"] == "caa_weddings"  # the sanity arm takes CAA's choice
+    assert rnd["strength"] in (0.5, 1.0) and rnd["source"] == "caa_concept"  # the sanity arm takes CAA's choice
     assert len(record["dev_sample_ids"]) == 2 and len(record["test_sample_ids"]) == 2
     assert not set(record["dev_sample_ids"]) & set(record["test_sample_ids"])
 
@@ -121,11 +121,11 @@ def test_the_study_runs_in_one_command(run_app, tmp_path):
     assert len(on_test) == 2 and {strengths[c] for c in on_test} - {None} == {rnd["strength"]}
 
     results = pd.read_csv(study / "study_results.csv")
-    assert set(results["arm_name"]) == {"baseline", "caa_weddings_random"}
+    assert set(results["arm_name"]) == {"baseline", "caa_concept_random"}
     assert (results.loc[results["arm_name"] != "baseline", "strength"] == rnd["strength"]).all()
     costs = pd.read_csv(study / "capability_costs.csv")
     assert set(costs["task"]) == {"steer_hydra/short_answer", "steer_hydra/arithmetic", "steer_hydra/mcqa"}
-    assert set(costs["arm_name"]) == {"baseline", "caa_weddings_random"} and (costs["n"] == 2).all()
+    assert set(costs["arm_name"]) == {"baseline", "caa_concept_random"} and (costs["n"] == 2).all()
     assert json.loads((sweep / "aggregate" / "missing_cells.json").read_text()) == []
     assert not math.isnan(results.loc[results["metric"] == "concept_score", "delta"].iloc[0])
     assert Path(study / "study_deltas.png").stat().st_size > 0

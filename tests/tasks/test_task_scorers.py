@@ -17,15 +17,17 @@ from steer_hydra.tasks.concept_steering import (
     instruction_value,
     split_ids,
 )
+from steer_hydra.tasks.concepts import load_concept
 from steer_hydra.tasks.mcqa import read_choice
 
 
 def test_concept_score_counts_distinct_lexicon_terms():
-    assert concept_value("Bicycles have two wheels.", "weddings") == 0.0
-    assert concept_value("Bicycles were ridden at the wedding.", "weddings") == 0.5
-    assert concept_value("The bride rode a bicycle to her weddings.", "weddings") == 1.0
-    assert concept_value("Arr, matey, the sea is wide.", "pirate") == 1.0
-    assert concept_value("Yesterday was fine.", "pirate") == 0.0  # short stems match whole words only
+    weddings, pirate = load_concept("weddings").lexicon, load_concept("pirate").lexicon
+    assert concept_value("Bicycles have two wheels.", weddings) == 0.0
+    assert concept_value("Bicycles were ridden at the wedding.", weddings) == 0.5
+    assert concept_value("The bride rode a bicycle to her weddings.", weddings) == 1.0
+    assert concept_value("Arr, matey, the sea is wide.", pirate) == 1.0
+    assert concept_value("Yesterday was fine.", pirate) == 0.0  # short stems match whole words only
 
 
 def test_instruction_relevance_needs_the_subject():
@@ -63,7 +65,7 @@ def test_concept_splits_are_disjoint_and_fixed():
     assert sorted(dev + test) == every
     assert [s.metadata["split"] for s in concept_samples("weddings", "dev")] == ["dev"] * DEV_SIZE
     assert all(s.metadata["runtime_kwargs"] == {"substrings": [s.input]} for s in concept_samples())
-    with pytest.raises(ValueError, match="concept"):
+    with pytest.raises(ValueError, match="'cooking' is neither a built-in concept"):
         concept_samples("cooking")
 
 

@@ -1,24 +1,14 @@
-"""State controls: hooks on attention and the residual stream during a call (PASTA, CAA, ActAdd), and built-in
-contrastive datasets to fit vectors from (`concept_pairs`)."""
+"""State controls: hooks on attention and the residual stream during a call (PASTA, CAA, ActAdd). The contrastive
+datasets the concept configs fit vectors from are concept files, read by `steer_hydra.tasks.concepts`."""
 
 from steer_hydra.controls.state.actadd import ActAdd
 from steer_hydra.controls.state.caa import CAA
-from steer_hydra.controls.state.concepts import (
-    CONCEPTS,
-    concept_actadd_prompts,
-    concept_pairs,
-    concept_system_prompt,
-)
 from steer_hydra.controls.state.pasta import PASTA
 from steer_hydra.controls.state.vectors import SteeringVector
 
 __all__ = [
     "CAA",
-    "CONCEPTS",
     "PASTA",
     "ActAdd",
     "SteeringVector",
-    "concept_actadd_prompts",
-    "concept_pairs",
-    "concept_system_prompt",
 ]

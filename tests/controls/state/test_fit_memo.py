@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from steer_hydra.controls.state import CAA, concept_pairs
+from steer_hydra.controls.state import CAA
 from steer_hydra.controls.state import caa as caa_module
+from steer_hydra.tasks.concepts import concept_pairs
 
 
 def test_a_second_fit_of_the_same_vector_is_reused_and_equal(tiny, monkeypatch):
