@@ -74,7 +74,7 @@ def _doc_commands() -> list[list[str]]:
 
 def kind(args: list[str]) -> str:
     """What the test does with a documented command: run | compose | view | inspect_eval | aggregate | study |
-    setup | pytest (this suite itself: nothing) | unknown."""
+    rescore | setup | pytest (this suite itself: nothing) | unknown."""
     if args[0].startswith("scripts/"):
         return "setup"
     if args[:2] == ["inspect", "view"]:
@@ -87,6 +87,8 @@ def kind(args: list[str]) -> str:
         return "aggregate"
     if args[:3] == ["python", "-m", "steer_hydra.study"]:
         return "study"
+    if args[:3] == ["python", "-m", "steer_hydra.rescore"]:
+        return "rescore"
     if args[:3] == ["python", "-m", "steer_hydra"]:
         return "compose" if any(marker in " ".join(args) for marker in NOT_OFFLINE) else "run"
     return "unknown"
@@ -219,6 +221,21 @@ def test_documented_study_commands_take_their_arguments(monkeypatch, capsys):
         for placeholder in args[3:]:
             name = placeholder.strip("<>").lower()
             assert name in usage, f"{shlex.join(args)}: {name!r} is not in its --help:\n{usage}"
+
+
+def test_documented_rescore_commands_parse_and_name_a_judge():
+    """The rescore commands the docs show parse, compose with the app's config and name a judge that can work (they
+    need finished logs and a judge to run: `tests/app/test_rescore.py` runs the command on a job's save_dir)."""
+    from steer_hydra.app.judge import check_judge
+    from steer_hydra.app.rescore import compose_settings, parse_args
+    from steer_hydra.tasks.judge import JUDGED_TASKS
+
+    found = [c for c in _doc_commands() if kind(c) == "rescore"]
+    assert found
+    for args in found:
+        _, overrides = parse_args(args[3:])
+        judge, _ = compose_settings(overrides)
+        assert check_judge(judge, JUDGED_TASKS) == JUDGED_TASKS, shlex.join(args)
 
 
 def test_documented_commands_that_need_a_gpu_or_the_hub_compose_and_plan():

@@ -1,4 +1,5 @@
-"""The `inspect_ai` entry point: registers the provider and the built-in tasks, and builds pipelines for the CLI.
+"""The `inspect_ai` entry point: registers the provider, the built-in tasks and the judge scorer, and builds pipelines
+for the CLI.
 
 `inspect eval steer_hydra/short_answer --model steer_hydra/pasta -M arm=pasta -M base_model=tiny` composes this
 app's config groups with the `-M` pairs as overrides (`base_model` stands for the `model` group: Inspect's
@@ -19,6 +20,7 @@ from typing import Any
 
 import steer_hydra.evaluation.provider as provider
 import steer_hydra.tasks  # noqa: F401  (registers steer_hydra/<task>)
+import steer_hydra.tasks.judge  # noqa: F401  (registers the scorer steer_hydra/concept_judge)
 from steer_hydra.core.pipeline import SteeringPipeline
 from steer_hydra.evaluation.options import ProviderOptions
 

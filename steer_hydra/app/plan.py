@@ -45,6 +45,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from steer_hydra.app.console import is_tty
+from steer_hydra.app.judge import check_judge, judge_role
 from steer_hydra.app.results import Selection
 from steer_hydra.app.secrets import redact
 from steer_hydra.core.backend import BackendSpec
@@ -224,6 +225,8 @@ class JobPlan:
     arm_name: str = ""  # the arm's YAML `name`
     baseline_config_id: str = BASELINE_CONFIG_ID
     experiment: str = ""  # `experiment_name`: recorded in every Inspect log's metadata
+    judge: str | None = None  # `judge`: the model judge of the suite's concept tasks (`app.judge`), or None
+    judged_tasks: tuple[str, ...] = ()  # the suite's tasks the judge scores
     _holder: Path | None = field(default=None, repr=False)
     _holder_stop: threading.Event | None = field(default=None, repr=False)
     _backend_identity: dict[str, Any] | None = field(default=None, repr=False)
@@ -257,6 +260,11 @@ class JobPlan:
         arm_choice = choices.get("arm") or name
         default_id = config_id if config_id == BASELINE_CONFIG_ID and name == "baseline" else None
         default_id = default_id or arm_default_config_id(arm_choice, choices)
+        judge = plain.get("judge")
+        try:
+            judged = check_judge(judge, [str(t) for t in suite.tasks], suite.name)
+        except ValueError as error:
+            raise ConfigError(str(error)) from error
         baseline = str(plain.get("baseline_arm") or "baseline")
         baseline_id = default_id if baseline == arm_choice else None
         if baseline_id is None:
@@ -284,12 +292,15 @@ class JobPlan:
             arm_name=name,
             baseline_config_id=baseline_id,
             experiment=str(plain.get("experiment_name") or ""),
+            judge=judge,
+            judged_tasks=judged,
         )
 
     def protocol(self) -> dict[str, Any]:
         """What makes logs in `save_dir` comparable: everything but the arm (which has its own directory) and the
         suite's retry policy; once a cell is about to run, the backend's `identity()` (a server's served model
-        rather than its address). Values that look like secrets are redacted (the file is shared and read)."""
+        rather than its address); the judge, when there is one (absent otherwise, so earlier protocols still
+        match). Values that look like secrets are redacted (the file is shared and read)."""
         backend: dict[str, Any] = {"kind": self.backend.kind, "options": self._backend_protocol_options()}
         if self._backend_identity is not None:
             backend["identity"] = self._backend_identity
@@ -303,6 +314,7 @@ class JobPlan:
                     "generate_defaults": self.generate_defaults,
                     "suite": suite,
                     "seed": self.seed,
+                    **({"judge": self.judge} if self.judge else {}),
                 }
             )
         )
@@ -385,6 +397,11 @@ class JobPlan:
         message += (
             "Fix: set experiment_name=<new name> (or save_dir=...) for the new protocol, or restore the old settings"
         )
+        if any(change.startswith("judge:") for change in changed) and logs:
+            message += (
+                "; to judge the finished logs without generating again, run python -m steer_hydra.rescore "
+                f"{self.save_dir} judge=<model>"
+            )
         if live and not logs:
             message += "; or wait for those jobs to end (a job that ends without a log releases its claim)"
         remote = [holder for holder in live if not (holder.info and on_this_host(holder.info))]
@@ -560,7 +577,20 @@ class JobPlan:
                 "experiment": self.experiment,
                 "seed": self.seed,
             },
+            **self._judging(),
         )
+
+    def _judging(self) -> dict[str, Any]:
+        """The runner's `model_roles` and `scorers` for the judge (none without one): the judge bound to the
+        "judge" role, `concept_judge` beside the rule scorers of each judged task."""
+        if not self.judge:
+            return {}
+        from steer_hydra.tasks.judge import JUDGE_ROLE, concept_judge
+
+        return {
+            "model_roles": {JUDGE_ROLE: judge_role(self.judge)},
+            "scorers": {task: [concept_judge()] for task in self.judged_tasks},
+        }
 
 
 def _leaves(value: Any, prefix: str = "") -> dict[str, Any]:

@@ -153,6 +153,10 @@ class AppConfig:
     # The steering strength arms read as ${strength} (e.g. the concept arms' multiplier), so a study sweeps one
     # key for every method; arms that do not reference it ignore it (their config_id does not change).
     strength: float = 0.5
+    # The model judge of the concept-steering task (`concept_judge` beside its rule scorers, bound to Inspect's model
+    # role "judge"): an Inspect model string (openai/gpt-4o-mini, hf/..., vllm/..., mockllm/model) or
+    # steer_hydra/<model option> (steer_hydra/smollm2). None: rule scorers only (steer_hydra/app/judge.py).
+    judge: Optional[str] = None  # noqa: UP045
     # The concept the concept suites and controls read as ${concept}: a built-in concept's name (weddings, joy,
     # pirate, money, dragons, sadness, shakespearean, french) or the path of a concept file (.yaml / .yml; see
     # steer_hydra/tasks/concepts.py). Pre-flight loads it, so a bad file is refused before any model loads.

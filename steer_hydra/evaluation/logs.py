@@ -2,7 +2,9 @@
 rebuilt from the logs, and the configuration records (`config_records`, `arm_names`).
 
 - `samples_frame`: one row per sample, scores joined to sample metadata, read from the `.eval` logs of the cells
-  (so a run without metrics, e.g. `score=False`, still gives its samples);
+  (so a run without metrics, e.g. `score=False`, still gives its samples); a dict-valued score (e.g. a model
+  judge's ratings) gives one column per key, named by the key as Inspect names its results (`scorer/key` when
+  the key is also a scorer's name); NaN, Inspect's value of an unscored key, stays NaN;
 - `task_samples`: one samples frame per (suite, task) of some cells, every scorer (what the job, the sweep and
   the study read);
 - `failed_samples`: the samples whose generation or scoring failed, with their first error line;
@@ -96,6 +98,10 @@ def _sample_score(sample: Any, key: str, log: str) -> Any:
     scores = getattr(sample, "scores", None) or {}
     if key in scores:
         return _score_value(scores[key].value)
+    if "/" not in key:  # a key of a dict-valued score, named as Inspect names its results
+        for score in scores.values():
+            if isinstance(score.value, Mapping) and key in score.value:
+                return _score_value(score.value[key])
     scorer, sep, dict_key = key.partition("/")
     if scorer not in scores:
         raise KeyError(f"Scorer {scorer!r} not found in {log} (sample {sample.id}); scorers: {sorted(scores)}.")
@@ -108,6 +114,20 @@ def _sample_score(sample: Any, key: str, log: str) -> Any:
             f"its value is {value!r}."
         )
     return _score_value(value[dict_key])
+
+
+def _score_columns(sample: Any) -> dict[str, Any]:
+    """Every score of a sample as `{column: value}`: a scorer's value under its name, each key of a dict-valued
+    score under the key (`scorer/key` when another scorer has that name)."""
+    scores = getattr(sample, "scores", None) or {}
+    out: dict[str, Any] = {}
+    for name, score in scores.items():
+        if isinstance(score.value, Mapping):
+            for key, value in score.value.items():
+                out[f"{name}/{key}" if key in scores else str(key)] = _score_value(value)
+        else:
+            out[name] = _score_value(score.value)
+    return out
 
 
 def _input_text(value: Any) -> str:
@@ -147,8 +167,9 @@ def samples_frame(
     `results` is a results frame or a cells frame (`cells_frame`, `cells_from_logs`): only its cells and their log
     locations are used. Columns: `SAMPLE_ID_COLUMNS` (`arm, config_id, trial_id, seed, trial_seed, suite, task,
     sample_id`), then
-    `metadata_keys` (None when a sample lacks one), then the score columns (`"scorer"` or `"scorer/dictkey"`;
-    `scores=None` takes every scorer the samples hold, in first-seen order, and none for an unscored run), then
+    `metadata_keys` (None when a sample lacks one), then the score columns (`"scorer"`, a dict-valued score's key,
+    or `"scorer/dictkey"`; `scores=None` takes every score the samples hold, in first-seen order, each key of a
+    dict-valued score a column of its own (`_score_columns`), and none for an unscored run), then
     `input` and `completion` with `include_text=True`. A sample that failed (its `error` is set) has None scores.
     Relative log locations resolve under `log_root`.
     """
@@ -169,8 +190,11 @@ def samples_frame(
             row.update(suite=cell.suite, task=cell.task, sample_id=sample.id)
             for key in metadata_keys:
                 row[key] = metadata.get(key)
-            for key in scores if scores is not None else list(getattr(sample, "scores", None) or {}):
-                found.setdefault(key)
+            if scores is None:
+                for key, value in _score_columns(sample).items():
+                    found.setdefault(key)
+                    row[key] = value
+            for key in scores or ():
                 row[key] = _sample_score_or_none(sample, key, path)
             if include_text:
                 output = getattr(sample, "output", None)

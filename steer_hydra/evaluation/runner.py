@@ -15,6 +15,9 @@ Invariants:
   indexed under the same key, with their logs present, readable and complete (no invalidated samples), is reused
   without loading a model (provenance `reused: True`); a cell whose log is unreadable is evaluated again, and its
   log moved aside under the cell's lock (`logs.readable_logs`);
+- extra scoring (`scorers`, e.g. a model judge, and the `model_roles` its models come from) is part of a cell's
+  key, so a cell scored without it is not reused as one scored with it; a role given as a callable is built once,
+  at the first cell evaluated (none when every cell is reused), and released at the end of `run()`;
 - Inspect is not imported here at module level: frames read the logs lazily.
 """
 
@@ -48,7 +51,7 @@ from steer_hydra.core.sweeps import (
 from steer_hydra.evaluation.frames import attach_params, cells_frame, results_frame, runs_frame, summarize_runs
 from steer_hydra.evaluation.logs import log_complete, read_log_header, readable_logs, resolve_log_path, samples_frame
 from steer_hydra.evaluation.stats import paired_deltas
-from steer_hydra.evaluation.suite import InspectSuite
+from steer_hydra.evaluation.suite import InspectSuite, task_name
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +101,11 @@ class SteeringEval:
             cells); the Hydra job claims its save_dir protocol here, so a run that fails earlier claims nothing.
         log_metadata: extra metadata for every Inspect log header (e.g. the experiment), beside the arm, its
             config_id, controls, trial and base model that every log carries (`inspect view` shows them).
+        model_roles: Inspect model roles for every cell (`{"judge": "openai/gpt-4o-mini"}`): a model string, an
+            Inspect `Model`, or a callable with a `name` that builds the `Model` when the first cell needs it (its
+            `release()`, if any, is called at the end of `run()`). Inspect counts them in a task's identity.
+        scorers: `{task name: [Inspect scorers]}` appended to those tasks' own scorers in every suite that runs
+            them (e.g. a model judge beside rule scorers; its model comes through `model_roles`).
     """
 
     def __init__(
@@ -117,6 +125,8 @@ class SteeringEval:
         display: str = "none",
         before_cell: Callable[..., None] | None = None,
         log_metadata: Mapping[str, Any] | None = None,
+        model_roles: Mapping[str, Any] | None = None,
+        scorers: Mapping[str, Sequence[Any]] | None = None,
     ) -> None:
         if not isinstance(pipelines, Mapping):
             raise TypeError(
@@ -150,6 +160,9 @@ class SteeringEval:
         self.display = display
         self.before_cell = before_cell
         self.log_metadata = dict(log_metadata or {})
+        self.model_roles = dict(model_roles or {})
+        self.scorers = {task: list(found) for task, found in (scorers or {}).items() if found}
+        self._built_roles: dict[str, Any] | None = None
         self._results: dict[str, list[dict[str, Any]]] | None = None
         self._log_root: Path | None = None
         self._params_by_config: dict[str, Mapping[str, Mapping[str, Any]]] = {}
@@ -268,6 +281,8 @@ class SteeringEval:
                                     model_name=_logged_model_name(log_dir) or model_label(controls, point.config_id),
                                     generate_defaults=self.generate_defaults,
                                     display=self.display,
+                                    model_roles=self._roles(),
+                                    scorers={t: s for t, s in self.scorers.items() if t in _task_names(suite)},
                                     **self._log_labels(point, controls, trial),
                                 )
                             suites_out[suite.name] = {
@@ -279,8 +294,42 @@ class SteeringEval:
         finally:
             bar.close()
             factory.release()
+            self._release_roles()
         self._results = results
         return results
+
+    def _roles(self) -> dict[str, Any] | None:
+        """The model roles for a cell: callables built once (the first time a cell needs them)."""
+        if not self.model_roles:
+            return None
+        if self._built_roles is None:
+            self._built_roles = {
+                role: value() if callable(value) else value for role, value in self.model_roles.items()
+            }
+        return self._built_roles
+
+    def _release_roles(self) -> None:
+        if self._built_roles is None:
+            return
+        self._built_roles = None
+        for value in self.model_roles.values():
+            release = getattr(value, "release", None) if callable(value) else None
+            if callable(release):
+                release()
+
+    def _scoring_identity(self) -> dict[str, Any]:
+        """What the extra scoring adds to a cell's key: each role's model name and each task's extra scorers."""
+        from inspect_ai.util import registry_info
+
+        identity: dict[str, Any] = {}
+        if self.model_roles:
+            identity["model_roles"] = {role: _role_name(value) for role, value in self.model_roles.items()}
+        if self.scorers:
+            identity["scorers"] = {
+                task: [registry_info(scorer).name.split("/")[-1] for scorer in found]
+                for task, found in self.scorers.items()
+            }
+        return identity
 
     def _log_labels(self, point: Any, controls: Sequence[Any], trial: int) -> dict[str, Any]:
         """`tags` and `metadata` of a cell's Inspect logs: arm, config_id, controls, trial, base model, extras."""
@@ -322,6 +371,7 @@ class SteeringEval:
                     "provider_options": self.provider_options,
                     "generate_defaults": self.generate_defaults,
                     "trial_seed": self._trial_seed(config_id, trial),
+                    **self._scoring_identity(),  # absent without extra scoring: earlier keys stay valid
                 }
             )
         except TypeError:  # something without a content form: never reuse on a guess
@@ -465,6 +515,18 @@ class SteeringEval:
         """`stats.paired_deltas` of one (suite, task) of this run against `baseline` (an arm or a config_id)."""
         samples = self.samples_frame(scores, suite=suite, task=task)
         return paired_deltas(samples, scores, baseline=baseline, **kwargs)
+
+
+def _role_name(value: Any) -> str:
+    """A model role's model as named in a cell key: the string, the `Model`'s name, or a builder's `name`."""
+    if isinstance(value, str):
+        return value
+    name = getattr(value, "name", None)
+    return str(name) if callable(value) and name is not None else str(value)
+
+
+def _task_names(suite: InspectSuite) -> set[str]:
+    return {task_name(task) for task in suite.tasks}
 
 
 def _control_provenance(pipeline: Any, controls: Sequence[Any], options: Any) -> dict[str, Any]:

@@ -241,3 +241,41 @@ def degenerate_rate(
     frame = samples[["arm", "config_id"]].assign(_flag=flags.astype(float))
     out = frame.groupby(["arm", "config_id"], sort=True)["_flag"].mean().rename("degenerate_rate")
     return out.reset_index()
+
+
+# ---------------------------------------------------------------------------------------------- agreement
+AGREEMENT_COLUMNS = ("criterion", "rule", "judge", "n", "spearman")
+
+
+def spearman(x: pd.Series, y: pd.Series) -> float:
+    """Spearman's rank correlation of two aligned score series: the Pearson correlation of their ranks (ties share
+    their average rank), over the positions where both are numbers; NaN with fewer than 3 such pairs or when one
+    side is constant there."""
+    both = pd.DataFrame({"x": x.to_numpy(dtype=float), "y": y.to_numpy(dtype=float)}).dropna()
+    if len(both) < 3:
+        return math.nan
+    rx = both["x"].rank(method="average").to_numpy()
+    ry = both["y"].rank(method="average").to_numpy()
+    dx, dy = rx - rx.mean(), ry - ry.mean()
+    denominator = math.sqrt(float((dx * dx).sum()) * float((dy * dy).sum()))
+    return float((dx * dy).sum()) / denominator if denominator > 0 else math.nan
+
+
+def agreement(frame: pd.DataFrame, pairs: dict[str, tuple[str, str]]) -> pd.DataFrame:
+    """How well two scorings of the same samples agree, per criterion: Spearman's rank correlation (`spearman`)
+    between a rule score column and a judge score column, over the rows where both are numbers (`n`; an unscored
+    judge rating, NaN, leaves its row out).
+
+    `pairs` maps a criterion to `(rule column, judge column)` of `frame` (a samples frame); a column the frame
+    lacks gives `n` 0 and NaN. Returns one row per criterion with `AGREEMENT_COLUMNS`.
+    """
+    rows = []
+    for criterion, (rule, judge) in pairs.items():
+        if rule in frame.columns and judge in frame.columns:
+            x, y = numeric_scores(frame[rule], rule), numeric_scores(frame[judge], judge)
+            n = int((x.notna() & y.notna()).sum())
+            rho = spearman(x, y)
+        else:
+            n, rho = 0, math.nan
+        rows.append({"criterion": criterion, "rule": rule, "judge": judge, "n": n, "spearman": rho})
+    return pd.DataFrame(rows, columns=list(AGREEMENT_COLUMNS))

@@ -19,7 +19,10 @@ Invariants:
   the other samples run and are scored. Registry and file tasks are resolved here (as `eval_set` would) so their
   samples can be checked; their task identity, and so resume, is unchanged;
 - an unreadable log in a cell's directory (truncated, not a zip) is moved aside (`logs.readable_logs`) before
-  `eval_set` reads the directory, so the cell is evaluated again instead of every run failing on it.
+  `eval_set` reads the directory, so the cell is evaluated again instead of every run failing on it;
+- extra scorers (`run(scorers={task: [...]})`, e.g. a model judge beside a task's rule scorers) are appended to the
+  named tasks' own scorers; the models they call come through `model_roles`, which Inspect counts in a task's
+  identity (scorers it does not).
 """
 
 from __future__ import annotations
@@ -118,6 +121,7 @@ class InspectSuite:
         model_roles: Mapping[str, Any] | None = None,
         tags: Sequence[str] | None = None,
         metadata: Mapping[str, Any] | None = None,
+        scorers: Mapping[str, Sequence[Any]] | None = None,
     ) -> dict[str, dict[str, Any]]:
         """Evaluate every task against the steered `pipeline`; logs go to `log_dir` (resumable).
 
@@ -125,6 +129,8 @@ class InspectSuite:
         score, "log": location}}`, where the location is relative to `log_dir` for local logs. `tags` and
         `metadata` go into every log's header (`inspect view` shows them; they are not part of task identity).
         `trial_seed` is the seed of sampling requests that set none (the runner passes the trial seed).
+        `model_roles` binds Inspect model roles (e.g. `{"judge": "openai/gpt-4o-mini"}`); `scorers` maps a task name
+        of this suite to Inspect scorers appended to that task's own.
         """
         from inspect_ai import eval_set
 
@@ -139,6 +145,13 @@ class InspectSuite:
                 "Remove it from generate_defaults/generate_overrides."
             )
         _check_max_tokens(pipeline, settings.get("max_tokens", getattr(options, "default_max_tokens", None)))
+        extra = {name: list(found) for name, found in (scorers or {}).items() if found}
+        unknown = sorted(set(extra) - {task_name(task) for task in self.tasks})
+        if unknown:
+            raise ValueError(
+                f"InspectSuite {self.name!r}: scorers name task(s) {unknown} that the suite does not run; its tasks "
+                f"are {[task_name(task) for task in self.tasks]}."
+            )
         model = as_inspect_model(pipeline, options=options, trial_seed=trial_seed, model_name=model_name)
         settings.setdefault("max_connections", model.api.max_connections())
         common: dict[str, Any] = {
@@ -165,7 +178,7 @@ class InspectSuite:
         logs: list[Any] = []
         try:
             if self.sample_ids is None:
-                logs.extend(self._eval_set(eval_set, list(self.tasks), log_dir, {"limit": self.limit, **common}))
+                logs.extend(self._eval_set(eval_set, list(self.tasks), log_dir, {"limit": self.limit, **common}, extra))
             else:
                 for task in self.tasks:
                     name = task_name(task)
@@ -174,17 +187,26 @@ class InspectSuite:
                         kwargs = {"sample_id": list(self.sample_ids[name]), **common}
                     else:
                         kwargs = {"limit": self.limit, **common}
-                    logs.extend(self._eval_set(eval_set, [task], sub_dir, kwargs))
+                    logs.extend(self._eval_set(eval_set, [task], sub_dir, kwargs, extra))
         finally:
             close = getattr(getattr(model, "api", None), "close", None)
             if callable(close):
                 close()  # Inspect never closes a model it was handed
         return flatten_logs(logs, log_dir)
 
-    def _eval_set(self, eval_set: Any, tasks: list[Any], log_dir: Path, kwargs: dict[str, Any]) -> list[Any]:
+    def _eval_set(
+        self,
+        eval_set: Any,
+        tasks: list[Any],
+        log_dir: Path,
+        kwargs: dict[str, Any],
+        scorers: Mapping[str, Sequence[Any]] | None = None,
+    ) -> list[Any]:
         log_dir.mkdir(parents=True, exist_ok=True)
         readable_logs(log_dir, move=True)  # an unreadable log would fail eval_set's listing: moved aside, warned
         tasks, kwargs = _leave_out_unwritable_samples(tasks, kwargs)
+        if scorers:
+            tasks, kwargs = _with_scorers(tasks, kwargs, scorers)
         success, logs = eval_set(tasks, log_dir=str(log_dir), **kwargs)
         if success:
             return list(logs)
@@ -247,6 +269,30 @@ def _leave_out_unwritable_samples(tasks: list[Any], kwargs: dict[str, Any]) -> t
     if left_out:
         kwargs["metadata"] = {**dict(kwargs.get("metadata") or {}), LEFT_OUT_KEY: left_out}
     return screened, kwargs
+
+
+def _with_scorers(
+    tasks: list[Any], kwargs: dict[str, Any], scorers: Mapping[str, Sequence[Any]]
+) -> tuple[list[Any], dict[str, Any]]:
+    """The tasks (resolved to Task objects, as `eval_set` would resolve them) with `scorers[name]` appended to the
+    scorers of each task named there; `task_args` leaves `kwargs` once applied while resolving."""
+    if not any(task_name(task) in scorers for task in tasks):
+        return tasks, kwargs
+    resolved = _resolved_tasks(tasks, kwargs.get("task_args") or {})
+    if resolved is None:
+        raise ValueError(
+            f"Extra scorers for {sorted(scorers)} need the suite's tasks as Inspect tasks, and {tasks} could not be "
+            "loaded here (a task function or a sample source). Fix: name registry tasks or file references."
+        )
+    kwargs = {key: value for key, value in kwargs.items() if key != "task_args"}
+    out = []
+    for task in resolved:
+        added = list(scorers.get(str(task.name), ()))
+        if added:
+            task = copy.copy(task)
+            task.scorer = [*(task.scorer or []), *added]
+        out.append(task)
+    return out, kwargs
 
 
 def _resolved_tasks(tasks: list[Any], task_args: Mapping[str, Any]) -> list[Any] | None:

@@ -1,0 +1,514 @@
+"""Judge finished concept-steering logs with a model judge without generating again, then rewrite the tables.
+
+`python -m steer_hydra.rescore <dir> judge=<model> [key=value ...]` (`main`), or `rescore(dir, judge)` from Python.
+
+What it reads: `<dir>` is
+- a sweep directory (holds `multirun.yaml`): the save_dirs its jobs (`*/job_record.json`) evaluated into, their
+  configurations and the baselines they compare with;
+- a job directory (holds `job_record.json`): its save_dir, its configuration and its baseline;
+- a save_dir (holds `inspect_logs/`): every configuration in it.
+Of those cells it takes the finished logs (`logs.cells_from_logs`: the newest finished log per cell) of the tasks
+the judge scores (`tasks.judge.JUDGED_TASKS`).
+
+How it runs, per log, under its cell's lock (the one a job evaluating that cell holds): read the log; drop the
+judge's earlier scores (`concept_judge`: sample scores, results, reductions); score the samples that did not fail
+with `concept_judge` through Inspect's `score_async`, the judge bound to the "judge" role and the model under test
+replaced by Inspect's `none` model, which refuses to generate (nothing is generated again); restore the header's
+model roles (they name what made the log, and Inspect's `eval_set` identity includes them, so a later job still
+resumes it); write the log to a temporary file under `save_dir/.rescore/` and move it over the old one (a reader
+sees the old log or the new one, never half of one). The cell's index (`save_dir/cells/...json`), when it names
+that log, takes the new metrics. Judge calls go through Inspect's generate cache (see `tasks.judge`): judging an
+unchanged log again makes no judge call.
+
+Then the tables: each job directory concerned (the target itself, the sweep's jobs, or for a save_dir the jobs
+under its experiment folder, `<experiment>/runs/*/` and `<experiment>/multiruns/*/*/`, that evaluated into it) gets
+the results path's files rewritten (`results.write_files`) and its job record's metrics; each sweep among them its
+aggregate (`callbacks.aggregate_sweep_dir`, without W&B). W&B runs are not updated.
+
+Agreement: per criterion (concept, instruction, fluency, harmonic), Spearman's rank correlation between the rule
+score and the judge's over the judged samples (`stats.agreement`), written as `agreement.csv` beside each rewritten
+set of tables (and into the save_dir for a save_dir) and returned.
+
+Errors name what to do: a directory that is none of the three, or holds no finished log of a judged task (the
+message says where it looked); samples without `concept_description` (named before any judge call).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from steer_hydra.app.judge import judge_as_model
+from steer_hydra.app.results import Selection, compare, summary_metrics, write_files
+from steer_hydra.core.files import locked, read_json, write_csv, write_json
+from steer_hydra.evaluation.logs import cells_from_logs, resolve_log_path, task_result, task_samples
+from steer_hydra.evaluation.stats import AGREEMENT_COLUMNS, agreement
+from steer_hydra.tasks.judge import JUDGE_ROLE, JUDGED_TASKS, RULE_PAIRS, SCORER_NAME
+
+logger = logging.getLogger(__name__)
+
+JOB_RECORD = "job_record.json"
+MULTIRUN_FILE = "multirun.yaml"
+AGREEMENT_FILE = "agreement.csv"
+TEMP_DIR = ".rescore"
+
+
+class RescoreError(ValueError):
+    """Nothing to rescore, or logs the judge cannot read; the message says where it looked and the fix."""
+
+
+@dataclass
+class Target:
+    """What one rescore covers: `{save_dir: config_ids (None: all)}`, the job directories whose tables it rewrites,
+    the sweep directories whose aggregates it rewrites, and where the overall agreement goes."""
+
+    save_dirs: dict[Path, set[str] | None]
+    jobs: list[Path] = field(default_factory=list)
+    sweeps: list[Path] = field(default_factory=list)
+    agreement_dirs: list[Path] = field(default_factory=list)
+
+
+@dataclass
+class RescoreResult:
+    """What a rescore did: the logs it judged, the samples judged, every file it wrote, the overall agreement."""
+
+    logs: list[Path]
+    samples: int
+    files: list[Path]
+    agreement: pd.DataFrame
+
+
+# ---------------------------------------------------------------------------------------------- targets
+def _record_ids(record: Mapping[str, Any]) -> set[str]:
+    return {str(record["config_id"]), str(record.get("baseline_config_id") or "baseline")}
+
+
+def _records_in(folders: Sequence[Path]) -> list[tuple[Path, dict[str, Any]]]:
+    found = []
+    for folder in folders:
+        path = folder / JOB_RECORD
+        if path.is_file():
+            found.append((folder, read_json(path)))
+    return found
+
+
+def find_target(directory: str | Path) -> Target:
+    """What `directory` (a sweep directory, a job directory or a save_dir) covers; `RescoreError` when it is none."""
+    directory = Path(directory).absolute()
+    if (directory / MULTIRUN_FILE).is_file():
+        jobs = _records_in(sorted(p.parent for p in directory.glob(f"*/{JOB_RECORD}")))
+        if not jobs:
+            raise RescoreError(
+                f"Sweep {directory} holds no finished job ({directory}/*/{JOB_RECORD}); nothing to rescore. Fix: "
+                "complete its jobs (python -m steer_hydra.aggregate names the missing ones), or pass a save_dir."
+            )
+        save_dirs: dict[Path, set[str] | None] = {}
+        for _, record in jobs:
+            ids = save_dirs.setdefault(Path(record["save_dir"]), set())
+            assert ids is not None
+            ids.update(_record_ids(record))
+        return Target(save_dirs, [d for d, _ in jobs], [directory], [directory / "aggregate"])
+    if (directory / JOB_RECORD).is_file():
+        record = read_json(directory / JOB_RECORD)
+        return Target({Path(record["save_dir"]): _record_ids(record)}, [directory], [], [])
+    if (directory / "inspect_logs").is_dir():
+        jobs = _jobs_of_save_dir(directory)
+        sweeps = sorted({job.parent for job in jobs if (job.parent / MULTIRUN_FILE).is_file()})
+        return Target({directory: None}, jobs, sweeps, [directory, *(s / "aggregate" for s in sweeps)])
+    raise RescoreError(
+        f"{directory} is not a save_dir (no {directory / 'inspect_logs'}), a job directory (no "
+        f"{directory / JOB_RECORD}) or a sweep directory (no {directory / MULTIRUN_FILE}). Fix: pass the save_dir "
+        "(<output_root>/<experiment>/<model>/seed_<seed>), the job's or the sweep's output directory."
+    )
+
+
+def _jobs_of_save_dir(save_dir: Path) -> list[Path]:
+    """The job directories under the save_dir's experiment folder (`runs/*/`, `multiruns/*/*/`) that evaluated into
+    it, in path order."""
+    if len(save_dir.parents) < 2:
+        return []
+    experiment = save_dir.parents[1]
+    folders = sorted(
+        {
+            p.parent
+            for pattern in (f"runs/*/{JOB_RECORD}", f"multiruns/*/*/{JOB_RECORD}")
+            for p in experiment.glob(pattern)
+        }
+    )
+    return [d for d, record in _records_in(folders) if Path(record.get("save_dir", "")).absolute() == save_dir]
+
+
+@dataclass(frozen=True)
+class JudgedLog:
+    """One finished log of a judged task and the cell it belongs to."""
+
+    save_dir: Path
+    path: Path
+    location: str  # as the results frame holds it (relative to the save_dir)
+    config_id: str
+    trial_id: int
+    suite: str
+    task: str
+
+    @property
+    def lock(self) -> Path:
+        """The cell's lock (what a job evaluating the cell holds)."""
+        return self.save_dir / "cells" / self.config_id / f"trial_{self.trial_id}" / f"{self.suite}.lock"
+
+    @property
+    def index(self) -> Path:
+        return self.save_dir / "cells" / self.config_id / f"trial_{self.trial_id}" / f"{self.suite}.json"
+
+
+def judged_logs(target: Target) -> list[JudgedLog]:
+    """The finished logs of the judged tasks in the target's cells; `RescoreError` saying where it looked when there
+    are none."""
+    found: dict[Path, JudgedLog] = {}
+    for save_dir, config_ids in target.save_dirs.items():
+        cells = cells_from_logs(save_dir, config_ids=config_ids)
+        for cell in cells[cells["task"].isin(JUDGED_TASKS)].itertuples(index=False):
+            path = Path(resolve_log_path(cell.log, save_dir))
+            found.setdefault(
+                path, JudgedLog(save_dir, path, cell.log, cell.config_id, int(cell.trial_id), cell.suite, cell.task)
+            )
+    if not found:
+        looked = "; ".join(
+            f"{save_dir / 'inspect_logs'}" + ("" if ids is None else f" (configurations {sorted(ids)})")
+            for save_dir, ids in target.save_dirs.items()
+        )
+        raise RescoreError(
+            f"No finished log of {', '.join(JUDGED_TASKS)} found; looked in {looked}. Fix: run the concept-steering "
+            "suite into that save_dir first (python -m steer_hydra suite=concept_steering ...), or pass the save_dir "
+            "that holds its logs."
+        )
+    return sorted(found.values(), key=lambda log: str(log.path))
+
+
+# ---------------------------------------------------------------------------------------------- judging
+def _read(path: Path) -> Any:
+    from inspect_ai.log import read_eval_log
+
+    return read_eval_log(str(path))
+
+
+def _scorable(log: Any) -> list[Any]:
+    """The samples the judge scores: those that did not fail."""
+    return [sample for sample in log.samples or [] if getattr(sample, "error", None) is None]
+
+
+def check_judgeable(logs: Sequence[JudgedLog]) -> int:
+    """The number of samples to judge; `RescoreError` naming the first log whose samples lack the concept's
+    description (before any judge call)."""
+    total = 0
+    for entry in logs:
+        log = _read(entry.path)
+        samples = _scorable(log)
+        lacking = [s.id for s in samples if not str((s.metadata or {}).get("concept_description") or "").strip()]
+        if lacking:
+            raise RescoreError(
+                f"{entry.path}: {len(lacking)} sample(s) (e.g. {lacking[:3]}) have no 'concept_description' in their "
+                "metadata, which the judge is shown; the log was made by a version of the concept-steering task that "
+                "did not record it. Fix: evaluate the suite again into a new save_dir (experiment_name=<new name>) "
+                "and rescore that."
+            )
+        total += len(samples)
+    return total
+
+
+def _drop_judge(log: Any) -> None:
+    """Remove the judge's earlier scores from a log (sample scores, results, reductions, scorer list)."""
+    for sample in log.samples or []:
+        if sample.scores and SCORER_NAME in sample.scores:
+            sample.scores = {name: score for name, score in sample.scores.items() if name != SCORER_NAME}
+    if log.results is not None:
+        log.results.scores = [s for s in log.results.scores if s.scorer != SCORER_NAME]
+    if log.reductions:
+        log.reductions = [r for r in log.reductions if r.scorer != SCORER_NAME]
+    if log.eval.scorers:
+        log.eval.scorers = [s for s in log.eval.scorers if s.name.split("/")[-1] != SCORER_NAME]
+
+
+async def _judge_log(log: Any, judge: Any, bar: Any) -> None:
+    """Append `concept_judge` scores to the log's samples that did not fail (in place)."""
+    from inspect_ai import score_async
+    from inspect_ai.model import get_model
+
+    from steer_hydra.tasks.judge import concept_judge
+
+    everything, scorable = list(log.samples or []), _scorable(log)
+    if not scorable:
+        return
+
+    @contextlib.asynccontextmanager
+    async def sample_at(index: int) -> Any:
+        yield scorable[index]
+        if bar is not None:
+            bar.update(1)
+
+    roles, total = log.eval.model_roles, log.results.total_samples
+    log.eval.model_roles = None  # rebuilt from the header otherwise: a steer_hydra judge there has no pipeline
+    log.results.total_samples = len(scorable)
+    log.samples = None
+    try:
+        await score_async(
+            log,
+            [concept_judge()],
+            model=get_model("none"),  # the model under test: refuses to generate
+            model_roles={JUDGE_ROLE: judge},
+            action="append",
+            display="none",
+            copy=False,
+            samples=sample_at,
+        )
+    finally:
+        log.eval.model_roles, log.results.total_samples, log.samples = roles, total, everything
+
+
+def _write_over(log: Any, entry: JudgedLog) -> None:
+    """Write `log` to a temporary file in the save_dir and move it over `entry.path` (atomic on one filesystem)."""
+    from inspect_ai.log import write_eval_log
+
+    folder = entry.save_dir / TEMP_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    handle, temp = tempfile.mkstemp(dir=folder, suffix=entry.path.suffix)
+    os.close(handle)
+    try:
+        write_eval_log(log, temp)
+        os.replace(temp, entry.path)
+    finally:
+        Path(temp).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
+def _update_index(log: Any, entry: JudgedLog) -> None:
+    """The cell index, when it names this log, takes the log's new metrics (a re-run then reports them)."""
+    if not entry.index.is_file():
+        return
+    try:
+        index = read_json(entry.index)
+    except (OSError, ValueError):
+        return  # a damaged index is rewritten by the next job of that cell
+    task = (index.get("tasks") or {}).get(entry.task) if isinstance(index, dict) else None
+    if not isinstance(task, dict) or task.get("log") != entry.location:
+        return
+    task["metrics"] = task_result(log, None, entry.save_dir)["metrics"]
+    write_json(entry.index, index)
+
+
+def judge_logs(logs: Sequence[JudgedLog], judge: Any, *, bar: Any = None) -> None:
+    """Judge each log in place (see the module docstring)."""
+    import anyio
+
+    for entry in logs:
+        with locked(entry.lock):
+            log = _read(entry.path)
+            _drop_judge(log)
+            anyio.run(_judge_log, log, judge, bar)
+            _write_over(log, entry)
+            _update_index(log, entry)
+        logger.info("Judged %s", entry.path)
+
+
+# ---------------------------------------------------------------------------------------------- tables
+def agreement_table(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
+    """`stats.agreement` of the rule scores and the judge's, per (suite, task) of the judged tasks' sample frames."""
+    parts = []
+    for frame in frames:
+        if frame.empty or frame["task"].iloc[0] not in JUDGED_TASKS:
+            continue
+        table = agreement(frame, RULE_PAIRS)
+        parts.append(table.assign(suite=frame["suite"].iloc[0], task=frame["task"].iloc[0]))
+    columns = ["suite", "task", *AGREEMENT_COLUMNS]
+    return pd.concat(parts, ignore_index=True)[columns] if parts else pd.DataFrame(columns=columns)
+
+
+def rewrite_job(job_dir: Path) -> dict[str, Path]:
+    """Rewrite a job's tables from the save_dir's logs, as the job wrote them (`results.write_files`), its job
+    record's metrics and files, and its `agreement.csv`. Returns the files written."""
+    record = read_json(job_dir / JOB_RECORD)
+    selection = Selection(
+        save_dirs={record.get("seed"): Path(record["save_dir"])},
+        config_ids=[record["config_id"]],
+        baseline_config_id=str(record.get("baseline_config_id") or "baseline"),
+        suite=record["suite"],
+        model=record["model"],
+        trial_ids=record.get("trial_ids") or None,
+        names={record["config_id"]: record["arm"]},
+    )
+    comparison = compare(selection)
+    files = write_files(comparison, job_dir, own_config_id=record["config_id"])
+    own = comparison.results[comparison.results["config_id"] == record["config_id"]]
+    files["agreement"] = job_dir / AGREEMENT_FILE
+    write_csv(agreement_table(comparison.frames), files["agreement"])
+    record["metrics"] = summary_metrics(own)
+    record["files"] = {**(record.get("files") or {}), **{name: str(path) for name, path in files.items()}}
+    write_json(job_dir / JOB_RECORD, record)
+    return files
+
+
+def rewrite_sweep(sweep_dir: Path) -> list[Path]:
+    """Re-aggregate a sweep (no W&B) and write its `aggregate/agreement.csv`; the files written."""
+    from omegaconf import OmegaConf
+
+    from steer_hydra.app.callbacks import AGGREGATE_DIR, aggregate_sweep_dir
+
+    out = aggregate_sweep_dir(sweep_dir, OmegaConf.load(sweep_dir / MULTIRUN_FILE), track=False)
+    if out is None:
+        return []
+    path = sweep_dir / AGGREGATE_DIR / AGREEMENT_FILE
+    write_csv(agreement_table(out["comparison"].frames), path)
+    return [*map(Path, out["paths"].values()), path]
+
+
+def _overall_agreement(logs: Sequence[JudgedLog]) -> pd.DataFrame:
+    """The agreement over every judged sample of the rescore, per (suite, task)."""
+    frames = []
+    for save_dir in dict.fromkeys(entry.save_dir for entry in logs):
+        cells = cells_from_logs(save_dir)
+        cells = cells[cells["log"].isin([e.location for e in logs if e.save_dir == save_dir])]
+        frames += task_samples(cells, save_dir, include_text=False)
+    by_task: dict[tuple[str, str], list[pd.DataFrame]] = {}
+    for frame in frames:
+        if not frame.empty:
+            by_task.setdefault((frame["suite"].iloc[0], frame["task"].iloc[0]), []).append(frame)
+    return agreement_table([pd.concat(parts, ignore_index=True) for parts in by_task.values()])
+
+
+@contextlib.contextmanager
+def _progress(enabled: bool, total: int) -> Iterator[Any]:
+    if not enabled:
+        yield None
+        return
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=total, desc="judging", unit="sample", dynamic_ncols=True)
+    try:
+        yield bar
+    finally:
+        bar.close()
+
+
+def rescore(directory: str | Path, judge: Any, *, progress: bool = False) -> RescoreResult:
+    """Judge the finished concept-steering logs `directory` covers and rewrite its tables (module docstring).
+
+    `judge`: a `judge=` string (an Inspect model string or `steer_hydra/<model option>`) or an Inspect `Model`.
+    `progress`: a samples bar while judging.
+    """
+    target = find_target(directory)
+    logs = judged_logs(target)
+    total = check_judgeable(logs)
+    model, release = judge_as_model(judge)
+    try:
+        with _progress(progress, total) as bar:
+            judge_logs(logs, model, bar=bar)
+    finally:
+        release()
+    written: list[Path] = []
+    for job_dir in target.jobs:
+        written += rewrite_job(job_dir).values()
+    for sweep_dir in target.sweeps:
+        written += rewrite_sweep(sweep_dir)
+    overall = _overall_agreement(logs)
+    for folder in target.agreement_dirs:
+        if folder.is_dir() and folder / AGREEMENT_FILE not in written:
+            write_csv(overall, folder / AGREEMENT_FILE)
+            written.append(folder / AGREEMENT_FILE)
+    return RescoreResult([entry.path for entry in logs], total, written, overall)
+
+
+# ---------------------------------------------------------------------------------------------- command line
+USAGE = """usage: python -m steer_hydra.rescore <dir> judge=<model> [key=value ...]
+
+Judge finished concept-steering logs with a model judge, without generating again, then rewrite the tables.
+
+  <dir>          a save_dir (holds inspect_logs/), a job's output directory (job_record.json) or a sweep
+                 directory (multirun.yaml)
+  judge=<model>  an Inspect model string (openai/gpt-4o-mini, hf/<repo>, vllm/<model>, mockllm/model) or
+                 steer_hydra/<model option> (e.g. steer_hydra/smollm2)
+  key=value      other overrides of the app's config (e.g. progress=false, hydra.searchpath=[...] for your own
+                 model options)
+
+Writes the judged logs back in place, the tables (results.csv, samples.csv, results_table.csv, ...) of the jobs
+and sweeps concerned, and agreement.csv (Spearman between each rule score and the judge's)."""
+
+
+def parse_args(argv: Sequence[str]) -> tuple[Path, list[str]]:
+    """`(directory, overrides)`; `SystemExit` with the usage for `--help` or a missing directory or judge."""
+    args = list(argv)
+    if not args or any(a in ("-h", "--help") for a in args):
+        print(USAGE)
+        raise SystemExit(0 if args else 2)
+    positional = [a for a in args if "=" not in a]
+    overrides = [a for a in args if "=" in a]
+    if len(positional) != 1:
+        raise SystemExit(f"steer_hydra.rescore: give one directory; got {positional}.\n\n{USAGE}")
+    if not any(o.lstrip("+").startswith("judge=") for o in overrides):
+        raise SystemExit(f"steer_hydra.rescore: judge=<model> is required.\n\n{USAGE}")
+    return Path(positional[0]), overrides
+
+
+def compose_settings(overrides: Sequence[str]) -> tuple[str, bool]:
+    """`(judge, progress)` from the app's config composed with `overrides` (Hydra validates them)."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    from steer_hydra.app.schema import register_configs
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module(config_module="steer_hydra.conf", version_base="1.3"):
+            cfg = compose("config", overrides=list(overrides))
+    finally:
+        GlobalHydra.instance().clear()
+    if not cfg.judge:
+        raise RescoreError(f"judge is empty. Fix: judge=<model>.\n\n{USAGE}")
+    return str(cfg.judge), bool(cfg.progress)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command: exit status 0 when every log was judged and the tables rewritten, 2 on bad input."""
+    from hydra.errors import HydraException
+
+    from steer_hydra.app.console import is_tty
+
+    logging.basicConfig(level=logging.INFO, format="[%(levelname)s] %(message)s")
+    directory, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        judge, progress = compose_settings(overrides)
+        result = rescore(directory, judge, progress=progress and is_tty())
+    except (RescoreError, HydraException, ValueError) as error:
+        print(f"steer_hydra.rescore: {' '.join(str(error).split())}", file=sys.stderr)
+        return 2
+    shown = result.agreement.copy()
+    shown["spearman"] = shown["spearman"].map(lambda v: f"{v:.3f}" if pd.notna(v) else "nan")
+    print(f"\nJudged {result.samples} sample(s) in {len(result.logs)} log(s) with judge={judge}.")
+    print("\nAgreement of the rule scores and the judge (Spearman over samples):")
+    print(shown.to_string(index=False) if not shown.empty else "(no sample was judged)")
+    folders = sorted({str(path.parent) for path in result.files})
+    if folders:
+        print("\nTables rewritten in:\n" + "\n".join(f"  {folder}" for folder in folders))
+    return 0
+
+
+__all__ = [
+    "RescoreError",
+    "RescoreResult",
+    "agreement_table",
+    "find_target",
+    "judged_logs",
+    "main",
+    "rescore",
+    "rewrite_job",
+    "rewrite_sweep",
+]
