@@ -497,7 +497,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(shown.to_string(index=False) if not shown.empty else "(no sample was judged)")
     folders = sorted({str(path.parent) for path in result.files})
     if folders:
-        print("\nTables rewritten in:\n" + "\n".join(f"  {folder}" for folder in folders))
+        print("\nFiles written in:\n" + "\n".join(f"  {folder}" for folder in folders))
     return 0
 
 
