@@ -42,12 +42,14 @@ AGGREGATE_DIR = "aggregate"
 MISSING_FILE = "missing_cells.json"
 
 
+def all_job_records(sweep_dir: Path) -> list[dict[str, Any]]:
+    """Every job record under `sweep_dir/*/`, oldest first (two jobs may have evaluated the same cell)."""
+    return [read_json(p) for p in sorted(sweep_dir.glob(f"*/{JOB_RECORD}"), key=lambda p: p.stat().st_mtime)]
+
+
 def job_records(sweep_dir: Path) -> list[dict[str, Any]]:
     """The job records under `sweep_dir/*/`, one per (model, suite, seed, config_id): a re-run's newest wins."""
-    records: dict[tuple, dict[str, Any]] = {}
-    for path in sorted(sweep_dir.glob(f"*/{JOB_RECORD}"), key=lambda p: p.stat().st_mtime):
-        record = read_json(path)
-        records[(record["model"], record["suite"], str(record["seed"]), record["config_id"])] = record
+    records = {(r["model"], r["suite"], str(r["seed"]), r["config_id"]): r for r in all_job_records(sweep_dir)}
     return list(records.values())
 
 
@@ -75,7 +77,9 @@ def expected_jobs(config: DictConfig, sweep_dir: Path | None = None) -> list[lis
 
 
 def missing_jobs(config: DictConfig, records: Sequence[Mapping[str, Any]], sweep_dir: Path) -> list[dict[str, Any]]:
-    """The sweep's jobs that left no record, each with the command that completes it into this sweep directory."""
+    """The sweep's jobs that left no record among `records` (every record: jobs that evaluated the same cell, e.g. a
+    study's baseline on a cost suite for each concept, each count), each with the command that completes it into
+    this sweep directory."""
     finished = {frozenset(redact_overrides(r.get("overrides") or [])) for r in records}
     searchpath = [
         o for o in OmegaConf.select(config, "hydra.overrides.hydra") or [] if o.startswith("hydra.searchpath")
@@ -142,7 +146,7 @@ def aggregate_sweep_dir(sweep_dir: str | Path, config: DictConfig, *, track: boo
     """Aggregate the sweep in `sweep_dir` (its `config` as in `multirun.yaml`): finished jobs, missing cells, W&B."""
     sweep_dir = Path(sweep_dir).absolute()
     records = job_records(sweep_dir)
-    missing = missing_jobs(config, records, sweep_dir)
+    missing = missing_jobs(config, all_job_records(sweep_dir), sweep_dir)
     out_dir = sweep_dir / AGGREGATE_DIR
     write_json(out_dir / MISSING_FILE, missing)
     if missing:

@@ -299,12 +299,18 @@ class JobPlan:
     def protocol(self) -> dict[str, Any]:
         """What makes logs in `save_dir` comparable: everything but the arm (which has its own directory) and the
         suite's retry policy; once a cell is about to run, the backend's `identity()` (a server's served model
-        rather than its address); the judge, when there is one (absent otherwise, so earlier protocols still
-        match). Values that look like secrets are redacted (the file is shared and read)."""
+        rather than its address); the content of the suite's concept, when its tasks read one; the judge, when there
+        is one (absent otherwise, so earlier protocols still match). Values that look like secrets are redacted
+        (the file is shared and read)."""
         backend: dict[str, Any] = {"kind": self.backend.kind, "options": self._backend_protocol_options()}
         if self._backend_identity is not None:
             backend["identity"] = self._backend_identity
         suite = {f.name: getattr(self.suite, f.name) for f in fields(self.suite) if f.name not in RETRY_FIELDS}
+        concept = (suite.get("task_args") or {}).get("concept")
+        if concept is not None:  # a concept file's path says nothing of its content: an edited file is another one
+            from steer_hydra.tasks.concepts import concept_digest
+
+            suite["concept_content"] = concept_digest(str(concept))
         return redact(
             canonical_value(
                 {

@@ -166,6 +166,7 @@ class AppConfig:
 SCHEMA_NAME = "steer_hydra_schema"
 DIR_NAME_RESOLVER = "steer_hydra.dir_name"
 WRITABLE_DIR_RESOLVER = "steer_hydra.writable_dir"
+CONCEPT_NAME_RESOLVER = "steer_hydra.concept_name"
 INVALID_CONFIGURATION = "steer_hydra: invalid configuration: "  # the prefix of every refused command's line
 
 
@@ -242,10 +243,20 @@ def _guarded(problem_of: Callable[[str, Any], str | None]) -> Callable[..., Any]
 
 
 def register_resolvers() -> None:
-    """Register `steer_hydra.dir_name` and `steer_hydra.writable_dir` (idempotent; see the module docstring)."""
+    """Register `steer_hydra.dir_name`, `steer_hydra.writable_dir` (see the module docstring) and
+    `steer_hydra.concept_name` (the concept suites' names carry it, so each concept has its own cells); idempotent."""
     for name, problem_of in ((DIR_NAME_RESOLVER, dir_name_problem), (WRITABLE_DIR_RESOLVER, writable_dir_problem)):
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, _guarded(problem_of))
+    if not OmegaConf.has_resolver(CONCEPT_NAME_RESOLVER):
+        OmegaConf.register_new_resolver(CONCEPT_NAME_RESOLVER, _concept_name)
+
+
+def _concept_name(key: str, _root_: Any) -> str:
+    """`${steer_hydra.concept_name:KEY}`: the name of the concept KEY holds (a built-in name or a concept file)."""
+    from steer_hydra.tasks.concepts import concept_name
+
+    return concept_name(str(OmegaConf.select(_root_, key, throw_on_missing=True)))
 
 
 def register_configs() -> None:

@@ -12,6 +12,9 @@ Invariants (what the numbers mean):
 - `changed`: per sample, the share of its runs whose completion differs from the baseline's completion in the
   same run (paired on `seed` and `trial_id`), averaged over samples. At temperature 0 it is the share of samples whose
   output changed; under sampling it estimates how often a generation differs, not whether any ever did;
+- `concept_interval` / `concept_deltas`: a study over concepts weighs each concept the same (the mean over
+  concepts of each concept's mean) and its interval resamples concepts, then samples within each drawn concept,
+  so it covers both the spread between concepts and the noise within each;
 - `degenerate_rate`: the share of an arm's generations flagged degenerate (`fluency < threshold` for a fluency
   score column, else by the caller's `is_degenerate(text)`).
 All functions are pure: frames in, frames out.
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from statistics import NormalDist
 from typing import Any
 
@@ -88,6 +91,93 @@ def confidence_interval(
     alpha = 1.0 - confidence
     low, high = np.quantile(means, [alpha / 2, 1 - alpha / 2])
     return float(low), float(high)
+
+
+def concept_interval(
+    values: Mapping[str, Sequence[float] | np.ndarray],
+    *,
+    confidence: float = 0.95,
+    n_resamples: int = 10_000,
+    seed: int = 0,
+) -> tuple[float, float, float]:
+    """`(estimate, low, high)`: the mean over concepts of each concept's mean value, with a two-stage percentile
+    bootstrap that resamples concepts and, within each drawn concept, its samples.
+
+    `values` maps a concept to its per-sample values (paired differences or scores); every concept weighs the
+    same whatever its sample count. The draws, from `numpy.random.default_rng(seed)`, in this order: a
+    `(n_resamples, C)` matrix of concept picks over the sorted concept names; then, per concept in sorted order,
+    an `(n_resamples, C, n_c)` array of sample picks, so slot `j` of resample `b` averages its concept's values
+    at `[b, j, :]` (a concept drawn twice is resampled twice, independently).
+    """
+    names = sorted(values)
+    arrays = [np.asarray(values[name], dtype=float) for name in names]
+    empty = [name for name, array in zip(names, arrays, strict=True) if array.size == 0]
+    if not names or empty:
+        raise ValueError(f"concept_interval needs at least one value per concept; none for {empty or 'any concept'}.")
+    estimate = float(np.mean([array.mean() for array in arrays]))
+    count = len(names)
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, count, size=(n_resamples, count))
+    slot_means = np.empty((count, n_resamples, count))
+    for k, array in enumerate(arrays):
+        slot_means[k] = array[rng.integers(0, array.size, size=(n_resamples, count, array.size))].mean(axis=2)
+    replicate, slot = np.indices(picks.shape)
+    means = slot_means[picks, replicate, slot].mean(axis=1)
+    alpha = 1.0 - confidence
+    low, high = np.quantile(means, [alpha / 2, 1 - alpha / 2])
+    return estimate, float(low), float(high)
+
+
+def concept_deltas(
+    samples: pd.DataFrame,
+    scores: Sequence[str],
+    *,
+    baseline_config_id: str,
+    by: Sequence[str] = ("arm_name",),
+    group_cols: Sequence[str] = (),
+    confidence: float = 0.95,
+    n_resamples: int = 10_000,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Per (*by, *group_cols, metric), over the `concept` column: the mean over concepts of the arm's and the
+    baseline's per-concept means and of the paired per-sample deltas, with the delta's `concept_interval`.
+
+    Samples pair with the baseline within (concept, *group_cols, sample_id), after averaging each sample over its
+    runs (`per_sample_means`). Columns: `*by, *group_cols, metric, n_concepts, n` (paired samples over all
+    concepts), `arm_mean, baseline_mean, delta, ci_low, ci_high, confidence`; the baseline's own rows have delta 0.
+    """
+    by, group_cols = list(by), list(group_cols)
+    rows = []
+    for metric in scores:
+        means = per_sample_means(samples, metric, keys=["concept", *by, "config_id", *group_cols, "sample_id"])
+        base = means.loc[means["config_id"] == baseline_config_id, ["concept", *group_cols, "sample_id", metric]]
+        paired = means.merge(base, on=["concept", *group_cols, "sample_id"], suffixes=("", "_base"))
+        paired = paired.dropna(subset=[metric, f"{metric}_base"])
+        paired = paired.assign(_diff=paired[metric] - paired[f"{metric}_base"])
+        for group, frame in paired.groupby([*by, *group_cols], sort=True, dropna=False):
+            per_concept = frame.groupby("concept", sort=True)
+            estimate, low, high = concept_interval(
+                {c: f["_diff"].to_numpy() for c, f in per_concept},
+                confidence=confidence,
+                n_resamples=n_resamples,
+                seed=seed,
+            )
+            rows.append(
+                {
+                    **dict(zip([*by, *group_cols], group if isinstance(group, tuple) else (group,), strict=True)),
+                    "metric": metric,
+                    "n_concepts": per_concept.ngroups,
+                    "n": len(frame),
+                    "arm_mean": float(per_concept[metric].mean().mean()),
+                    "baseline_mean": float(per_concept[f"{metric}_base"].mean().mean()),
+                    "delta": estimate,
+                    "ci_low": low,
+                    "ci_high": high,
+                    "confidence": confidence,
+                }
+            )
+    columns = [*by, *group_cols, "metric", "n_concepts", "n", "arm_mean", "baseline_mean", "delta", "ci_low"]
+    return pd.DataFrame(rows, columns=[*columns, "ci_high", "confidence"])
 
 
 def _baseline_config_id(samples: pd.DataFrame, baseline: str) -> str:

@@ -1,12 +1,14 @@
-"""The held-out steering study: strengths chosen on dev, statistics reported on test, capability costs.
+"""The held-out steering study: points chosen on dev per concept, reported on test, summarised over concepts.
 
-- `selection`: `Objective`, `select_strengths` (dev rows only), `at_chosen_strength`, `strength_of`;
-- `report`: `study_frame` (a save_dir's samples with `strength` and `split`), `report_selected`, `report_costs`,
-  `write_study` (the study's files), `study_table` / `costs_table` (text);
-- `python -m steer_hydra.study SAVE_DIR OUT_DIR`: the selection and report of a save_dir after the fact.
+- `plan`: `StudyPlan` (arms, concepts, grids over strength x layer and PASTA's alpha, suites) and its jobs;
+- `selection`: `Objective`, `select_points` (dev rows only), `chosen_points`;
+- `report`: `study_frame` (a save_dir's samples labelled by what was launched), `write_study` (per-concept and
+  cross-concept statistics, win rates, capability costs, files, plots) and the text tables;
+- `run`: `run_study` (dev jobs, the choice, report jobs, the report) over any launcher, and `report_study`;
+- `python -m steer_hydra.study <sweep dir>/study`: the report of a study written again from its files.
 
-The Hydra sweeper that runs a study in one multirun (`hydra_plugins/steer_hydra_study`) and the W&B logging
-(`steer_hydra.app.study`) are thin layers over these functions. Statistics come from `evaluation.stats`.
+The Hydra sweeper (`hydra_plugins/steer_hydra_study`) is a shim over `steer_hydra.app.study.sweep_study`, which
+launches through Hydra and adds the console tables and W&B. Statistics come from `evaluation.stats`.
 """
 
 from __future__ import annotations

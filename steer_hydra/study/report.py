@@ -1,12 +1,20 @@
-"""The study's report: its per-sample frame, test statistics at the chosen strengths, capability costs, its files.
+"""The study's report: its per-sample frame, the choice on dev, per-concept and cross-concept statistics on test,
+capability costs, its files and plots.
 
-How it runs: `study_frame(save_dir)` reads every configuration's samples from a study's save_dir (the results
-path's reader, `evaluation.logs.task_samples`) and adds `arm_name` (the arm's YAML name: the method), `strength`
-(for swept arms) and `split`. `write_study` chooses each method's strength on dev (`selection.select_strengths`),
-then reports each arm at that strength on test (`report_selected`) and on the cost suites' tasks
-(`report_costs`), with the one statistics module (`evaluation.stats.paired_deltas`, baseline rows included, plus
-the degenerate rate), and writes `selection.csv`, `study_results.csv`, `capability_costs.csv`, `selection.json`
-(the objective, the choices and both splits' sample ids: the provenance of the choice) and `study_deltas.png`.
+How it runs: `study_frame(save_dir, launched)` reads the samples of every (configuration, suite) cell the study
+launched (`launched`: the plan's jobs with each one's `config_id` and suite name, from the job records) and labels
+them with what was launched: `stage` (dev, test, cost), `concept`, `arm_name`, `point` and its axes. A cell
+launched for several concepts (the baseline on a cost suite) gives its rows to each. `write_study` then:
+
+1. chooses each method's point per concept on dev rows only (`selection.select_points`);
+2. reports each concept's test rows (launched at the chosen points only) against the baseline with the one
+   statistics module (`evaluation.stats.paired_deltas`, plus the degenerate rate), and the cost suites' tasks;
+3. summarises over concepts (`stats.concept_deltas`: each concept weighs the same; intervals resample concepts,
+   then samples), with each method's win rate against the prompting arm (AxBench's: the share of concepts where
+   its test objective is higher; a tie counts a half);
+4. writes `selection.csv` (every dev point, the chosen ones flagged), `selection.json` (the objective, the choices,
+   each concept's dev and test sample ids), `study_results.csv`, `study_summary.csv`, `capability_costs.csv`,
+   `costs_summary.csv`, `study_deltas.png` and `pareto.png` (concept objective against capability cost).
 """
 
 from __future__ import annotations
@@ -22,168 +30,245 @@ import pandas as pd
 
 from steer_hydra.core.files import write_csv, write_json
 from steer_hydra.evaluation.frames import SAMPLE_ID_COLUMNS
-from steer_hydra.evaluation.logs import config_records, results_from_logs, task_samples
-from steer_hydra.evaluation.stats import degenerate_rate, paired_deltas
-from steer_hydra.study.selection import Objective, at_chosen_strength, dev_test, select_strengths, strength_of
+from steer_hydra.evaluation.logs import results_from_logs, task_samples
+from steer_hydra.evaluation.stats import concept_deltas, degenerate_rate, paired_deltas
+from steer_hydra.study.plan import AXES
+from steer_hydra.study.selection import Objective, select_points
+from steer_hydra.tasks.concept_steering import FLUENCY, OBJECTIVE, SCORES
+from steer_hydra.tasks.judge import SCORE_KEYS as JUDGE_KEYS
 
 logger = logging.getLogger(__name__)
 
-STUDY_SCORES = ("concept_score", "instruction_score", "fluency_score", "concept_harmonic")
-NOT_SCORES = frozenset({*SAMPLE_ID_COLUMNS, "input", "completion", "arm_name", "strength", "split", "target", "error"})
+LAUNCHED_KEYS = ("job", "stage", "concept", "arm_name", "point", *AXES)
+NOT_SCORES = frozenset({*SAMPLE_ID_COLUMNS, *LAUNCHED_KEYS, "input", "completion", "target", "error"})
 
 
-def study_frame(save_dir: str | Path, *, split_of: Mapping[str, str], swept: Sequence[str] = ()) -> pd.DataFrame:
-    """Per-sample rows of every configuration in `save_dir`, with `arm_name`, `strength` (arms in `swept`) and
-    `split` (`split_of` maps sample ids to their split; samples of other tasks get `other`)."""
+def study_frame(save_dir: str | Path, launched: pd.DataFrame) -> pd.DataFrame:
+    """Per-sample rows of every cell `launched` names (`config_id`, `suite` and `LAUNCHED_KEYS` columns), with
+    what was launched; a cell launched for several concepts appears once per concept."""
     save_dir = Path(save_dir)
     frames = [f for f in task_samples(results_from_logs(save_dir), save_dir) if not f.empty]
     if not frames:
         raise ValueError(f"study_frame: no evaluated samples under {save_dir}.")
     samples = pd.concat(frames, ignore_index=True)
-    records = config_records(save_dir)
-    names = {cid: r.get("arm_name") or str(r["arm"]).split("@")[0] for cid, r in records.items()}
-    strengths = {cid: strength_of(r.get("controls")) for cid, r in records.items() if names[cid] in swept}
-    return samples.assign(
-        arm_name=samples["config_id"].map(names).fillna(samples["arm"].str.split("@").str[0]),
-        strength=samples["config_id"].map(strengths).astype(float),
-        split=samples["sample_id"].map(lambda i: split_of.get(str(i), "other")),
-    )
+    labels = launched[[*LAUNCHED_KEYS, "config_id", "suite"]].drop_duplicates(["concept", "config_id", "suite"])
+    return samples.merge(labels, on=["config_id", "suite"], how="inner")
 
 
-def _statistics(selected: pd.DataFrame, scores: Sequence[str], baseline: str, **kwargs: Any) -> pd.DataFrame:
-    """Paired deltas of every arm of `selected` (baseline rows included), with `arm_name` and `strength`."""
-    base_ids = sorted(selected.loc[selected["arm_name"] == baseline, "config_id"].unique())
-    if len(base_ids) != 1:
-        raise ValueError(f"The baseline {baseline!r} must be one configuration; got {base_ids}.")
-    stats = paired_deltas(selected, list(scores), baseline=base_ids[0], include_baseline=True, **kwargs)
-    by_config = selected.groupby("config_id")
-    return stats.assign(
-        arm_name=stats["config_id"].map(by_config["arm_name"].first()),
-        strength=stats["config_id"].map(by_config["strength"].first()),
-    )
+def study_scores(frame: pd.DataFrame) -> list[str]:
+    """The concept task's rule scores, then the judge's score columns the frame holds (a judge ran or re-scored)."""
+    judged = [c for key in JUDGE_KEYS for c in frame.columns if c == key or c.endswith(f"/{key}")]
+    return [*SCORES, *dict.fromkeys(judged)]
 
 
-def report_selected(
-    test: pd.DataFrame,
-    choices: pd.DataFrame,
-    scores: Sequence[str],
-    *,
-    baseline: str = "baseline",
-    fluency: str | None = "fluency_score",
-    n_resamples: int = 10_000,
+def _baseline_id(frame: pd.DataFrame, baseline: str) -> str:
+    ids = sorted(frame.loc[frame["arm_name"] == baseline, "config_id"].unique())
+    if len(ids) != 1:
+        raise ValueError(f"The baseline {baseline!r} must be one configuration; got {ids}.")
+    return ids[0]
+
+
+def per_concept_deltas(
+    frame: pd.DataFrame, scores: Sequence[str], baseline: str = "baseline", n_resamples: int = 10_000
 ) -> pd.DataFrame:
-    """Statistics on test of each arm at its chosen strength (arms without a strength as they are), with each
-    arm's `degenerate_rate` when the frame has the `fluency` column."""
-    if "split" in test and not (test["split"] == "test").all():
-        raise ValueError("report_selected reads test rows only. Fix: pass frame[split=='test'].")
-    selected = at_chosen_strength(test, choices, baseline=baseline)
-    stats = _statistics(selected, scores, baseline, group_cols=(), n_resamples=n_resamples)
-    if fluency is not None and fluency in selected:
-        stats = stats.merge(degenerate_rate(selected, fluency=fluency), on=["arm", "config_id"], how="left")
-    return stats
-
-
-def report_costs(
-    samples: pd.DataFrame,
-    choices: pd.DataFrame,
-    *,
-    suites: Sequence[str],
-    baseline: str = "baseline",
-    n_resamples: int = 10_000,
-) -> pd.DataFrame:
-    """Capability costs: per task of `suites`, each arm at its chosen strength vs the baseline (paired by sample),
-    on every numeric score the task's logs hold."""
+    """Paired deltas per (concept, suite, task) of every arm (baseline rows included), labelled with the launch;
+    with the degenerate rate where the frame has the fluency score."""
     out = []
-    for (suite, task), frame in samples[samples["suite"].isin(list(suites))].groupby(["suite", "task"], sort=True):
-        selected = at_chosen_strength(frame, choices, baseline=baseline)
-        scores = [
-            c
-            for c in selected.columns
-            if c not in NOT_SCORES and pd.to_numeric(selected[c], errors="coerce").notna().any()
-        ]
-        try:
-            out.append(_statistics(selected, scores, baseline, n_resamples=n_resamples))
-        except ValueError as error:
-            logger.warning("Capability costs of %s/%s skipped: %s", suite, task, error)
+    for concept, rows in frame.groupby("concept", sort=True):
+        stats = paired_deltas(
+            rows,
+            list(scores),
+            baseline=_baseline_id(rows, baseline),
+            include_baseline=True,
+            group_cols=("suite", "task"),
+            n_resamples=n_resamples,
+        )
+        labels = rows.drop_duplicates("config_id").set_index("config_id")
+        stats = stats.assign(concept=concept, **{k: stats["config_id"].map(labels[k]) for k in ("arm_name", "point")})
+        if FLUENCY in rows:
+            stats = stats.merge(degenerate_rate(rows, fluency=FLUENCY), on=["arm", "config_id"], how="left")
+        out.append(stats[stats["n"] > 0])  # a (task, metric) pair whose task has no such scorer
     return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
 
 
+def score_columns(frame: pd.DataFrame) -> list[str]:
+    """The frame's numeric score columns (for the cost suites' tasks, whatever their scorers)."""
+    return [c for c in frame.columns if c not in NOT_SCORES and pd.to_numeric(frame[c], errors="coerce").notna().any()]
+
+
+def win_rates(results: pd.DataFrame, *, objective: str, versus: str) -> pd.DataFrame:
+    """Per arm: the share of concepts where its test `objective` mean beats `versus`'s (a tie counts a half)."""
+    rows = results[results["metric"] == objective]
+    reference = rows[rows["arm_name"] == versus].set_index("concept")["arm_mean"]
+    if reference.empty:
+        return pd.DataFrame(columns=["arm_name", "win_rate", "n_concepts_won"])
+    out = []
+    for arm, frame in rows[rows["arm_name"] != versus].groupby("arm_name", sort=True):
+        other = frame["concept"].map(reference)
+        wins = (frame["arm_mean"] > other).astype(float) + 0.5 * (frame["arm_mean"] == other)
+        out.append({"arm_name": arm, "win_rate": float(wins.mean()), "n_concepts_won": int(wins.count())})
+    return pd.DataFrame(out, columns=["arm_name", "win_rate", "n_concepts_won"])
+
+
 def write_study(
-    samples: pd.DataFrame,
+    frame: pd.DataFrame,
     out_dir: str | Path,
     *,
-    objective: Objective,
-    scores: Sequence[str] = STUDY_SCORES,
+    objective: Objective = Objective(OBJECTIVE),
+    methods: Sequence[str],
     follows: Mapping[str, str] | None = None,
+    scores: Sequence[str] | None = None,
     baseline: str = "baseline",
-    task: str | None = None,
-    strengths: Sequence[float] | None = None,
-    cost_suites: Sequence[str] = (),
+    prompt_arm: str | None = "prompt_concept",
+    n_resamples: int = 10_000,
 ) -> dict[str, Any]:
-    """Select on dev, report on test (and the costs on `cost_suites`); write the study's files into `out_dir`.
+    """Choose on dev, report on test and the cost suites, summarise over concepts; write the files to `out_dir`.
 
-    `strengths` (the study's grid) restricts the dev candidates (a save_dir may hold other strengths from earlier
-    runs). Returns the choices, results, costs, provenance and the paths written.
+    `scores` defaults to the rule scores and, where a judge scored the task, the judge's (`study_scores`).
+    Returns the tables (`selection`, `results`, `summary`, `costs`, `costs_summary`), the provenance and the paths.
     """
     out_dir = Path(out_dir)
-    dev, test = dev_test(samples, task=task, strengths=strengths)
-    choices = select_strengths(dev, objective, follows=follows)
-    results = report_selected(test, choices, scores, baseline=baseline)
-    costs = report_costs(samples, choices, suites=cost_suites, baseline=baseline) if cost_suites else pd.DataFrame()
+    scores = list(scores) if scores is not None else study_scores(frame)
+    dev, test, cost = (frame[frame["stage"] == stage] for stage in ("dev", "test", "cost"))
+    overlap = {
+        c: sorted(set(dev.loc[dev["concept"] == c, "sample_id"]) & set(test.loc[test["concept"] == c, "sample_id"]))
+        for c in frame["concept"].unique()
+    }
+    if any(overlap.values()):
+        raise ValueError(f"Dev and test share sample ids {overlap}: the dev suite and the test suite must be disjoint.")
+    selection = select_points(dev, objective, methods=methods, follows=follows)
+    results = per_concept_deltas(test, scores, baseline, n_resamples) if not test.empty else pd.DataFrame()
+    summary = pd.DataFrame()
+    if not results.empty:
+        summary = concept_deltas(
+            test, list(scores), baseline_config_id=_baseline_id(test, baseline), n_resamples=n_resamples
+        )
+        if prompt_arm is not None:
+            summary = summary.merge(win_rates(results, objective=objective.metric, versus=prompt_arm), how="left")
+    costs, costs_summary = pd.DataFrame(), pd.DataFrame()
+    if not cost.empty:
+        cost_scores = score_columns(cost)
+        costs = per_concept_deltas(cost, cost_scores, baseline, n_resamples)
+        costs_summary = concept_deltas(
+            cost,
+            cost_scores,
+            baseline_config_id=_baseline_id(cost, baseline),
+            group_cols=("task",),
+            n_resamples=n_resamples,
+        )
     provenance = {
         "objective": asdict(objective),
         "follows": dict(follows or {}),
-        "choices": choices.to_dict(orient="records"),
-        "dev_sample_ids": sorted(map(str, dev["sample_id"].unique())),
-        "test_sample_ids": sorted(map(str, test["sample_id"].unique())),
+        "concepts": sorted(map(str, frame["concept"].unique())),
+        "selection": selection.to_dict(orient="records"),
+        "dev_sample_ids": {c: sorted(map(str, f["sample_id"].unique())) for c, f in dev.groupby("concept")},
+        "test_sample_ids": {c: sorted(map(str, f["sample_id"].unique())) for c, f in test.groupby("concept")},
     }
-    paths = {name: out_dir / f"{name}.csv" for name in ("selection", "study_results")}
-    write_csv(choices, paths["selection"])
-    write_csv(results, paths["study_results"])
-    if not costs.empty:
-        paths["capability_costs"] = out_dir / "capability_costs.csv"
-        write_csv(costs, paths["capability_costs"])
+    tables = {
+        "selection": selection,
+        "study_results": results,
+        "study_summary": summary,
+        "capability_costs": costs,
+        "costs_summary": costs_summary,
+    }
+    paths = {}
+    for name, table in tables.items():
+        if not table.empty or name == "selection":
+            paths[name] = out_dir / f"{name}.csv"
+            write_csv(table, paths[name])
     paths["provenance"] = out_dir / "selection.json"
     write_json(paths["provenance"], provenance)
-    paths["plot_study_deltas"] = plot_study(results, out_dir / "study_deltas.png", baseline=baseline)
+    if not summary.empty:
+        paths["plot_study_deltas"] = plot_summary(summary, out_dir / "study_deltas.png", baseline=baseline)
+        paths["plot_pareto"] = plot_pareto(
+            results, costs, out_dir / "pareto.png", objective=objective.metric, baseline=baseline
+        )
     logger.info(
-        "Strength selection on %d dev samples; results on %d test samples in %s",
+        "Study: %d concept(s); points chosen on %d dev sample(s), reported on %d test sample(s); files in %s",
+        frame["concept"].nunique(),
         dev["sample_id"].nunique(),
         test["sample_id"].nunique(),
         out_dir,
     )
-    return {"choices": choices, "results": results, "costs": costs, "provenance": provenance, "paths": paths}
+    return {
+        "selection": selection,
+        "results": results,
+        "summary": summary,
+        "costs": costs,
+        "costs_summary": costs_summary,
+        "provenance": provenance,
+        "paths": paths,
+    }
 
 
-def _label(row: Any) -> str:
-    """`name@strength` (`name` for an unswept arm)."""
-    return f"{row.arm_name}{'' if pd.isna(row.strength) else f'@{row.strength:g}'}"
-
-
-def plot_study(results: pd.DataFrame, path: Path, *, baseline: str = "baseline") -> Path:
-    """Each arm's test delta with its CI per metric; labels carry the strength, changed and degenerate rates."""
+# ---------------------------------------------------------------------------------------------- plots
+def plot_summary(summary: pd.DataFrame, path: Path, *, baseline: str = "baseline") -> Path:
+    """Each arm's delta over concepts with its interval, per metric."""
     import matplotlib.pyplot as plt
 
     from steer_hydra.evaluation.plotting import plot_paired_deltas
 
-    rows = results[results["arm_name"] != baseline].copy()
-    degenerate = rows.get("degenerate_rate", pd.Series(math.nan, index=rows.index))
+    rows = summary[summary["arm_name"] != baseline].copy()
     rows["label"] = [
-        f"{_label(r)} (changed {r.changed:.2f}, degenerate {d:.2f})"
-        for r, d in zip(rows.itertuples(index=False), degenerate, strict=True)
+        f"{r.arm_name}" + (f" (wins {r.win_rate:.2f})" if "win_rate" in rows and not pd.isna(r.win_rate) else "")
+        for r in rows.itertuples(index=False)
     ]
+    concepts = int(summary["n_concepts"].max())
     plot_paired_deltas(
-        rows, label_col="label", group_cols=("metric",), title="test split, chosen strength", save_path=path
+        rows, label_col="label", group_cols=("metric",), title=f"test split, {concepts} concept(s)", save_path=path
     )
     plt.close("all")
     return path
 
 
+def pareto_points(results: pd.DataFrame, costs: pd.DataFrame, *, objective: str, baseline: str) -> pd.DataFrame:
+    """Per (concept, arm): the test `objective` delta and the capability cost (mean delta over the cost tasks'
+    metrics; NaN without cost suites)."""
+    gain = results.loc[results["metric"] == objective, ["concept", "arm_name", "delta"]]
+    gain = gain[gain["arm_name"] != baseline].rename(columns={"delta": "objective_delta"})
+    if costs.empty:
+        return gain.assign(capability_delta=math.nan)
+    cost = costs.groupby(["concept", "arm_name"], as_index=False)["delta"].mean()
+    return gain.merge(cost.rename(columns={"delta": "capability_delta"}), on=["concept", "arm_name"], how="left")
+
+
+def plot_pareto(
+    results: pd.DataFrame, costs: pd.DataFrame, path: Path, *, objective: str, baseline: str = "baseline"
+) -> Path:
+    """Concept objective gain against capability cost: one small marker per concept, one large per arm (its mean)."""
+    import matplotlib.pyplot as plt
+
+    points = pareto_points(results, costs, objective=objective, baseline=baseline)
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for arm, rows in points.groupby("arm_name", sort=True):
+        line = ax.scatter(rows["capability_delta"], rows["objective_delta"], s=14, alpha=0.45)
+        ax.scatter(
+            rows["capability_delta"].mean(),
+            rows["objective_delta"].mean(),
+            s=90,
+            color=line.get_facecolor()[0],
+            edgecolor="black",
+            label=arm,
+        )
+    ax.axhline(0, color="grey", linewidth=0.8)
+    ax.axvline(0, color="grey", linewidth=0.8)
+    ax.set_xlabel("capability delta vs baseline (mean over cost tasks; right is better)")
+    ax.set_ylabel(f"{objective} delta vs baseline (up is better)")
+    ax.set_title("concept gain against capability cost (small: one concept)")
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------- text tables
 def study_table(results: pd.DataFrame, metrics: Sequence[str] | None = None) -> str:
-    """A compact text table: one row per arm, `mean (delta [ci])` per metric, plus changed and degenerate rates."""
+    """One line per (concept, arm): `metric=mean (delta [ci])`, plus changed and degenerate rates."""
     metrics = list(metrics or results["metric"].unique())
     lines = []
-    for _, rows in results.groupby("config_id", sort=False):
+    for (concept, _), rows in results.groupby(["concept", "config_id"], sort=False):
         rows = rows.set_index("metric")
         first = rows.iloc[0]
         cells = [
@@ -192,18 +277,36 @@ def study_table(results: pd.DataFrame, metrics: Sequence[str] | None = None) -> 
             for m in metrics
             if m in rows.index
         ]
-        strength = "" if pd.isna(first["strength"]) else f" @{first['strength']:g}"
+        point = "" if first["point"] == "-" else f" @ {first['point']}"
         rates = f"changed={first['changed']:.2f} degenerate={first.get('degenerate_rate', math.nan):.2f}"
-        lines.append(f"{first['arm_name']}{strength}: " + "  ".join(cells) + "  " + rates)
+        lines.append(f"[{concept}] {first['arm_name']}{point}: " + "  ".join(cells) + "  " + rates)
     return "\n".join(lines)
 
 
-def costs_table(costs: pd.DataFrame) -> str:
-    """One line per (task, metric): each arm's mean and delta [CI] vs the baseline."""
+def summary_table(summary: pd.DataFrame, metrics: Sequence[str] | None = None) -> str:
+    """One line per arm over concepts: `metric=mean (delta [ci])` and the win rate against prompting."""
+    metrics = list(metrics or summary["metric"].unique())
     lines = []
-    for (task, metric), rows in costs.groupby(["task", "metric"], sort=True):
+    for arm, rows in summary.groupby("arm_name", sort=True):
+        rows = rows.set_index("metric")
         cells = [
-            f"{_label(r)}={r.arm_mean:.3f} ({r.delta:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}])"
+            f"{m}={rows.loc[m, 'arm_mean']:.3f} ({rows.loc[m, 'delta']:+.3f} [{rows.loc[m, 'ci_low']:+.3f}, "
+            f"{rows.loc[m, 'ci_high']:+.3f}])"
+            for m in metrics
+            if m in rows.index
+        ]
+        wins = rows["win_rate"].iloc[0] if "win_rate" in rows else math.nan
+        tail = "" if pd.isna(wins) else f"  win rate vs prompting={wins:.2f}"
+        lines.append(f"{arm} ({int(rows['n_concepts'].max())} concepts): " + "  ".join(cells) + tail)
+    return "\n".join(lines)
+
+
+def costs_table(costs_summary: pd.DataFrame) -> str:
+    """One line per (task, metric): each arm's mean and delta [CI] vs the baseline, over concepts."""
+    lines = []
+    for (task, metric), rows in costs_summary.groupby(["task", "metric"], sort=True):
+        cells = [
+            f"{r.arm_name}={r.arm_mean:.3f} ({r.delta:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}])"
             for r in rows.itertuples(index=False)
         ]
         lines.append(f"{task} {metric}: " + "  ".join(cells))

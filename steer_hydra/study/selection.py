@@ -1,16 +1,15 @@
-"""Held-out strength selection (AxBench's protocol): each method's strength is chosen on dev rows only.
+"""Held-out selection (AxBench's protocol): each method's grid point is chosen on dev rows only, per concept.
 
-`select_strengths(dev, objective)` refuses any row that is not a dev row and picks, per method (`arm_name`, the
-arm's YAML name), the strength with the best mean objective over its samples (ties go to the strength of smallest
-magnitude: the gentlest intervention wins). Sanity arms (a random or negated direction) are not tuned: `follows`
-maps them to the method whose choice they take, so a control is compared at the strength its method was chosen
-at. `at_chosen_strength` keeps each arm's rows at its chosen strength; `strength_of` reads a configuration's
-strength from its canonical controls.
+`select_points(dev, objective, methods=...)` refuses any row that is not a dev row and, per (concept, method),
+scores every grid point it launched by the mean objective over its samples (each sample first averaged over its
+trials), and chooses the best; ties go to the point launched first (the plan launches the gentlest strength
+first). Sanity arms (a random or negated direction) are not tuned: `follows` maps them to the method whose point
+they take, so a control is compared where its method was chosen. The points come from what the study launched
+(`concept`, `arm_name`, `point` and its axis columns, `job`), never from stored control descriptors.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,9 +17,9 @@ from typing import Any
 import pandas as pd
 
 from steer_hydra.evaluation.stats import per_sample_means
+from steer_hydra.study.plan import AXES, Point
 
-STRENGTH_KEYS = ("multiplier", "alpha")
-SELECTION_COLUMNS = ("arm_name", "strength", "objective", "candidates", "source")
+SELECTION_COLUMNS = ("concept", "arm_name", "point", *AXES, "objective", "n", "chosen", "source")
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,84 +30,62 @@ class Objective:
     maximize: bool = True
 
 
-def select_strengths(
-    dev: pd.DataFrame, objective: Objective, *, follows: Mapping[str, str] | None = None
+def select_points(
+    dev: pd.DataFrame,
+    objective: Objective,
+    *,
+    methods: Sequence[str],
+    follows: Mapping[str, str] | None = None,
 ) -> pd.DataFrame:
-    """Per method: the strength with the best dev objective. Columns `SELECTION_COLUMNS`.
+    """Every dev point of every method with its objective, the chosen one flagged; followers take their method's
+    choice (`source` names it). Columns `SELECTION_COLUMNS`, one row per (concept, arm, point).
 
-    `dev` holds per-sample rows with `arm_name`, `strength`, `config_id`, `sample_id`, `split` and the objective's
-    column; every row must be a dev row. Arms in `follows` take the strength chosen for the arm they follow
-    (`source` says which); arms without a strength (baseline, prompts) get NaN.
+    `dev` holds per-sample rows with `stage` ("dev" only), `concept`, `arm_name`, `point`, the `AXES` columns,
+    `job` (launch order), `config_id`, `sample_id` and the objective's column.
     """
-    if "split" not in dev or not (dev["split"] == "dev").all():
-        splits = sorted(map(str, dev["split"].unique())) if "split" in dev else ["<no split column>"]
-        raise ValueError(f"select_strengths reads dev rows only; got split(s) {splits}. Fix: pass frame[split=='dev'].")
+    if "stage" not in dev or not (dev["stage"] == "dev").all():
+        stages = sorted(map(str, dev["stage"].unique())) if "stage" in dev else ["<no stage column>"]
+        raise ValueError(f"select_points reads dev rows only; got stage(s) {stages}. Fix: pass frame[stage=='dev'].")
     if objective.metric not in dev:
         raise KeyError(
-            f"select_strengths: objective metric {objective.metric!r} is not a column of the dev frame. Fix: choose "
+            f"select_points: objective metric {objective.metric!r} is not a column of the dev frame. Fix: choose "
             f"one of the score columns {sorted(c for c in dev.columns if c.endswith(('_score', '_harmonic')))}."
         )
-    follows = dict(follows or {})
-    rows: dict[str, dict[str, Any]] = {}
-    for name, frame in dev.groupby("arm_name", sort=True):
-        if name in follows:
-            continue
-        swept = frame.dropna(subset=["strength"])
-        if swept.empty:
-            rows[name] = dict(zip(SELECTION_COLUMNS, (name, math.nan, math.nan, 0, name), strict=True))
-            continue
-        means = per_sample_means(swept, objective.metric, keys=("strength", "sample_id"))
-        by_strength = means.groupby("strength", sort=True)[objective.metric].mean()
-        best = by_strength.max() if objective.maximize else by_strength.min()
-        chosen = min((float(s) for s, v in by_strength.items() if v == best), key=abs)
-        rows[name] = dict(zip(SELECTION_COLUMNS, (name, chosen, float(best), len(by_strength), name), strict=True))
-    for name, parent in follows.items():
-        if parent not in rows:
-            raise ValueError(f"select_strengths: {name!r} follows {parent!r}, which has no dev rows.")
-        rows[name] = {**rows[parent], "arm_name": name, "objective": math.nan, "candidates": 0, "source": parent}
-    return pd.DataFrame(list(rows.values()), columns=list(SELECTION_COLUMNS))
+    rows: list[dict[str, Any]] = []
+    for (concept, method), frame in dev[dev["arm_name"].isin(list(methods))].groupby(["concept", "arm_name"]):
+        means = per_sample_means(frame, objective.metric, keys=("job", "sample_id"))
+        scored = means.groupby("job", sort=True)[objective.metric].agg(["mean", "count"])
+        first = frame.drop_duplicates("job").set_index("job")
+        best = scored["mean"].max() if objective.maximize else scored["mean"].min()
+        chosen_job = scored.index[scored["mean"] == best].min()  # ties: the point launched first
+        for job, stats in scored.iterrows():
+            point = first.loc[job]
+            rows.append(
+                {
+                    "concept": concept,
+                    "arm_name": method,
+                    "point": point["point"],
+                    **{axis: point[axis] for axis in AXES},
+                    "objective": float(stats["mean"]),
+                    "n": int(stats["count"]),
+                    "chosen": bool(job == chosen_job),
+                    "source": method,
+                }
+            )
+    table = pd.DataFrame(rows, columns=list(SELECTION_COLUMNS))
+    chosen = table[table["chosen"]]
+    followers = []
+    for arm, method in dict(follows or {}).items():
+        picked = chosen[chosen["arm_name"] == method]
+        if picked.empty:
+            raise ValueError(f"select_points: {arm!r} follows {method!r}, which has no dev rows.")
+        followers.append(picked.assign(arm_name=arm, objective=float("nan"), n=0, source=method))
+    return pd.concat([table, *followers], ignore_index=True) if followers else table
 
 
-def at_chosen_strength(frame: pd.DataFrame, choices: pd.DataFrame, *, baseline: str = "baseline") -> pd.DataFrame:
-    """The rows of each arm at its chosen strength (arms without a chosen strength: their unswept rows)."""
-    chosen = dict(zip(choices["arm_name"], choices["strength"], strict=True))
-    keep = []
-    for name, rows in frame.groupby("arm_name", sort=True):
-        strength = chosen.get(name, math.nan)
-        if name == baseline or strength is None or (isinstance(strength, float) and math.isnan(strength)):
-            keep.append(rows if rows["strength"].isna().all() else rows[rows["strength"].isna()])
-        else:
-            keep.append(rows[rows["strength"] == strength])
-    return pd.concat(keep, ignore_index=True) if keep else frame.iloc[:0]
-
-
-def dev_test(
-    samples: pd.DataFrame, *, task: str | None = None, strengths: Sequence[float] | None = None
-) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The study task's dev rows (swept rows restricted to the `strengths` grid when given) and its test rows."""
-    frame = samples if task is None else samples[samples["task"] == task]
-    dev = frame[frame["split"] == "dev"]
-    if strengths is not None:
-        grid = [float(s) for s in strengths]
-        on_grid = dev["strength"].map(lambda s: pd.isna(s) or any(math.isclose(s, g) for g in grid))
-        dev = dev[on_grid.astype(bool)]
-    return dev, frame[frame["split"] == "test"]
-
-
-def strength_of(controls: Any) -> float | None:
-    """The steering strength of a configuration's canonical controls: the first `multiplier` (or `alpha`) found."""
-    if isinstance(controls, Mapping):
-        for key in STRENGTH_KEYS:
-            value = controls.get(key)
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                return float(value)
-        values: Sequence[Any] = list(controls.values())
-    elif isinstance(controls, (list, tuple)):
-        values = controls
-    else:
-        return None
-    for value in values:
-        found = strength_of(value)
-        if found is not None:
-            return found
-    return None
+def chosen_points(selection: pd.DataFrame) -> dict[tuple[str, str], Point]:
+    """`{(concept, arm_name): Point}` of the chosen rows of a `select_points` table."""
+    return {
+        (row["concept"], row["arm_name"]): Point.from_columns(row)
+        for row in selection[selection["chosen"]].to_dict("records")
+    }

@@ -94,6 +94,12 @@ TEMPLATES = (
 DEV_SIZE = 60
 SPLITS = ("dev", "test", "all")
 
+# The rule scorers' names (each scorer's column in the frames), the study's default objective, and the fluency
+# column whose values below 0.5 count a generation as degenerate.
+SCORES = ("concept_score", "instruction_score", "fluency_score", "concept_harmonic")
+OBJECTIVE = "concept_harmonic"
+FLUENCY = "fluency_score"
+
 _WORD = re.compile(r"[a-z']+")
 _REPLACEMENT = "\ufffd"
 

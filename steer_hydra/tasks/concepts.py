@@ -25,9 +25,10 @@ The configs reach the concept through these functions by `_target_` (`concept_pa
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +126,22 @@ def load_concept(name_or_path: str | Path | Concept) -> Concept:
     actadd = _actadd(path, entries)
     system_prompt = _optional_text(path, entries, "system_prompt")
     return Concept(name, description, kind, pairs, lexicon, actadd, system_prompt, source=str(path))
+
+
+def concept_name(name_or_path: str | Path) -> str:
+    """The name of the concept `name_or_path` names; for a file that cannot be read, its stem (pre-flight reports
+    the file's problem; a name is needed while the config resolves, before that check runs)."""
+    try:
+        return load_concept(name_or_path).name
+    except ConceptFileError:
+        return Path(str(name_or_path)).stem
+
+
+def concept_digest(name_or_path: str | Path | Concept) -> str:
+    """A digest of the concept's content (every field but its source), so an edited file is a different concept."""
+    concept = load_concept(name_or_path)
+    content = {f.name: getattr(concept, f.name) for f in fields(concept) if f.name != "source"}
+    return hashlib.sha256(json.dumps(content, default=lambda v: v.as_dict()).encode()).hexdigest()[:16]
 
 
 def concept_file(name_or_path: str | Path) -> Path:

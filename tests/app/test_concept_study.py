@@ -8,10 +8,11 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.utils import instantiate
 
 from hydra_plugins.steer_hydra_study.study_sweeper import StudySweeper
-from steer_hydra.app.plan import JobPlan
+from steer_hydra.app.plan import JobPlan, to_plain
 from steer_hydra.app.schema import register_configs
 from steer_hydra.controls.input import SystemPrompt
 from steer_hydra.controls.state import CAA, PASTA
+from steer_hydra.study.plan import StudyPlan
 from steer_hydra.tasks.concepts import concept_pairs, concept_system_prompt
 
 STUDY_ARMS = ("baseline", "prompt_concept", "pasta", "caa_concept", "caa_concept_random", "caa_concept_negated")
@@ -26,20 +27,21 @@ def study():
     GlobalHydra.instance().clear()
 
 
-def test_the_study_sweeper_covers_every_arm_and_strength_and_the_costs(study):
+def test_the_study_sweeper_covers_every_arm_and_grid_and_the_costs(study):
     cfg = study(return_hydra_config=True)
     sweeper = instantiate(cfg.hydra.sweeper)
-    assert type(sweeper).__name__ == StudySweeper.__name__ and tuple(sweeper.arms) == STUDY_ARMS
-    assert len(sweeper.strengths) >= 3 and sweeper.strengths == sorted(sweeper.strengths)
-    assert sweeper.objective == "concept_harmonic" and sweeper.maximize
-    assert sweeper.follows == {"caa_concept_random": "caa_concept", "caa_concept_negated": "caa_concept"}
-    assert set(sweeper.swept) == {"caa_concept", "caa_concept_random", "caa_concept_negated"}
-    assert sweeper.cost_suites == ["capability_offline"]
+    plan = StudyPlan(**to_plain(sweeper.spec))
+    assert type(sweeper).__name__ == StudySweeper.__name__ and tuple(plan.arms) == STUDY_ARMS
+    assert len(plan.strengths) >= 3 and plan.layers == [] and plan.concepts == ["weddings"]
+    assert plan.objective == "concept_harmonic" and plan.maximize
+    assert plan.follows == {"caa_concept_random": "caa_concept", "caa_concept_negated": "caa_concept"}
+    assert plan.methods() == ["pasta", "caa_concept"] and plan.cost_suites == ["capability_offline"]
     assert cfg.model.model_name_or_path == "steer_hydra:smollm2"
-    for suite, split in ((sweeper.dev_suite, "dev"), (sweeper.test_suite, "test")):
-        composed = study(f"suite={suite}")
+    for suite, split in ((plan.dev_suite, "dev"), (plan.test_suite, "test")):
+        composed = study(f"suite={suite}", "concept=joy")
         assert composed.suite.tasks == ["steer_hydra/concept_steering"]
-        assert composed.suite.task_args == {"concept": "weddings", "split": split}
+        assert composed.suite.task_args == {"concept": "joy", "split": split}
+        assert composed.suite.name == f"concept_steering_{split}_joy"  # each concept has its own cells
     assert study("suite=capability_offline").suite.limit >= 60
 
 

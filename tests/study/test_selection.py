@@ -1,135 +1,111 @@
-"""Held-out strength selection: chosen on dev only, reported on test at that strength; sanity arms follow."""
+"""Held-out selection: each method's grid point chosen per concept on dev rows only (never test), ties to the
+point launched first, sanity arms at their method's choice; the plan's grids and jobs."""
 
 from __future__ import annotations
-
-import json
-import math
 
 import pandas as pd
 import pytest
 
-from steer_hydra.study.report import report_selected, write_study
-from steer_hydra.study.selection import Objective, select_strengths, strength_of
+from steer_hydra.study.plan import Point, StudyPlan, concept_list
+from steer_hydra.study.selection import Objective, chosen_points, select_points
+
+# (strength, layer) -> dev objective of every sample; (0.6, 8) wins on dev, (1.2, 12) would win on test
+DEV = {(0.6, 8): 0.7, (0.6, 12): 0.4, (1.2, 8): 0.2, (1.2, 12): 0.5}
 
 
-def _frame():
+def _frame(stage: str = "dev", table=DEV, concept: str = "weddings") -> pd.DataFrame:
     rows = []
-    # dev: caa is best at 0.2; test: caa is best at 0.4 (a choice that read test would pick 0.4)
-    table = {
-        ("dev", 0.2): 0.6,
-        ("dev", 0.4): 0.3,
-        ("test", 0.2): 0.5,
-        ("test", 0.4): 0.9,
-    }
-    for split, ids in (("dev", range(0, 10)), ("test", range(10, 30))):
-        for i in ids:
-            sid = f"cs-{i:03d}"
-            rows.append(
-                dict(
-                    arm="baseline",
-                    arm_name="baseline",
-                    config_id="baseline",
-                    strength=math.nan,
-                    split=split,
-                    sample_id=sid,
-                    trial_id=0,
-                    score=0.1,
-                    completion="plain",
-                )
-            )
-            rows.append(
-                dict(
-                    arm="prompt",
-                    arm_name="prompt",
-                    config_id="p",
-                    strength=math.nan,
-                    split=split,
-                    sample_id=sid,
-                    trial_id=0,
-                    score=0.2,
-                    completion="prompted",
-                )
-            )
-            for strength in (0.2, 0.4):
-                value = table[(split, strength)]
-                rows.append(
-                    dict(
-                        arm="caa",
-                        arm_name="caa",
-                        config_id=f"c{strength}",
-                        strength=strength,
-                        split=split,
-                        sample_id=sid,
-                        trial_id=0,
-                        score=value,
-                        completion=f"caa {strength}",
-                    )
-                )
-                rows.append(
-                    dict(
-                        arm="caa_random",
-                        arm_name="caa_random",
-                        config_id=f"r{strength}",
-                        strength=strength,
-                        split=split,
-                        sample_id=sid,
-                        trial_id=0,
-                        score=0.1 + strength / 10,
-                        completion="rand",
-                    )
-                )
-    return pd.DataFrame(rows)  # fmt: skip
+    for job, ((strength, layer), value) in enumerate(table.items()):
+        point = Point((("strength", strength), ("layer", layer)))
+        for i in range(4):
+            rows.append(dict(stage=stage, concept=concept, arm_name="caa", point=point.label, **point.columns(),
+                             job=job, config_id=f"c{job}", sample_id=f"s{i}", trial_id=0,
+                             score=value + (0.01 if i == 0 else 0)))  # fmt: skip
+    return pd.DataFrame(rows)
 
 
-def test_the_choice_is_made_on_dev_and_never_reads_test():
-    frame = _frame()
-    dev = frame[frame["split"] == "dev"]
-    choices = select_strengths(dev, Objective("score"), follows={"caa_random": "caa"}).set_index("arm_name")
-    assert choices.loc["caa", "strength"] == 0.2 and choices.loc["caa", "objective"] == pytest.approx(0.6)
-    assert choices.loc["caa_random", "strength"] == 0.2 and choices.loc["caa_random", "source"] == "caa"
-    assert math.isnan(choices.loc["baseline", "strength"])
-    # the function refuses test rows outright, so it cannot read them by accident
+def test_every_dev_point_is_listed_and_the_best_is_chosen_per_concept():
+    frame = pd.concat([_frame(), _frame(table={k: 1 - v for k, v in DEV.items()}, concept="joy")])
+    table = select_points(frame, Objective("score"), methods=["caa"], follows={"caa_random": "caa"})
+    assert len(table) == 2 * 4 + 2  # every point of both concepts, plus the follower's two choices
+    choices = chosen_points(table)
+    assert choices[("weddings", "caa")] == Point((("strength", 0.6), ("layer", 8)))
+    assert choices[("joy", "caa")] == Point((("strength", 1.2), ("layer", 8)))
+    assert choices[("joy", "caa_random")] == choices[("joy", "caa")]  # the sanity arm takes its method's point
+    weddings = table[(table["concept"] == "weddings") & (table["arm_name"] == "caa")].set_index("point")
+    assert weddings.loc["strength=0.6 layer=8", "objective"] == pytest.approx(0.7025)
+    assert weddings["n"].tolist() == [4, 4, 4, 4]
+    assert Point.from_columns(table.iloc[0].to_dict()).overrides() == ["strength=0.6", "model.steering_layer=8"]
+
+
+def test_the_choice_never_reads_test_rows():
     with pytest.raises(ValueError, match="dev rows only"):
-        select_strengths(frame, Objective("score"))
-    # changing every test score changes nothing about the choice
-    poisoned = frame.assign(score=frame["score"].where(frame["split"] == "dev", 100.0))
-    again = select_strengths(poisoned[poisoned["split"] == "dev"], Objective("score"), follows={"caa_random": "caa"})
-    assert again.equals(select_strengths(dev, Objective("score"), follows={"caa_random": "caa"}))
+        select_points(pd.concat([_frame(), _frame("test")]), Objective("score"), methods=["caa"])
+    poisoned_test = _frame("test", table={k: 1 - v for k, v in DEV.items()})
+    both = pd.concat([_frame(), poisoned_test])
+    alone = select_points(_frame(), Objective("score"), methods=["caa"])
+    assert select_points(both[both["stage"] == "dev"], Objective("score"), methods=["caa"]).equals(alone)
 
 
-def test_ties_go_to_the_smaller_strength_and_minimizing_works():
-    frame = _frame()
-    dev = frame[frame["split"] == "dev"]
-    flat = dev.assign(score=0.5)
-    assert select_strengths(flat, Objective("score")).set_index("arm_name").loc["caa", "strength"] == 0.2
-    assert select_strengths(dev, Objective("score", maximize=False)).set_index("arm_name").loc["caa", "strength"] == 0.4
+def test_ties_go_to_the_point_launched_first_and_minimizing_works():
+    flat = _frame(table=dict.fromkeys(DEV, 0.5))
+    first = chosen_points(select_points(flat, Objective("score"), methods=["caa"]))[("weddings", "caa")]
+    assert first.label == "strength=0.6 layer=8"
+    lowest = chosen_points(select_points(_frame(), Objective("score", maximize=False), methods=["caa"]))
+    assert lowest[("weddings", "caa")].label == "strength=1.2 layer=8"
 
 
-def test_report_uses_the_test_split_at_the_chosen_strength():
-    frame = _frame()
-    choices = select_strengths(frame[frame["split"] == "dev"], Objective("score"), follows={"caa_random": "caa"})
-    results = report_selected(frame[frame["split"] == "test"], choices, ["score"], fluency=None, n_resamples=200)
-    by_arm = results.set_index("arm_name")
-    assert by_arm.loc["caa", "strength"] == 0.2 and by_arm.loc["caa", "n"] == 20
-    assert by_arm.loc["caa", "arm_mean"] == pytest.approx(0.5) and by_arm.loc["caa", "delta"] == pytest.approx(0.4)
-    assert by_arm.loc["caa_random", "arm_mean"] == pytest.approx(0.12)
-    assert by_arm.loc["prompt", "delta"] == pytest.approx(0.1)
-    with pytest.raises(ValueError, match="test rows only"):
-        report_selected(frame, choices, ["score"])
+def _plan(**kw) -> StudyPlan:
+    args = dict(arms=["baseline", "prompt_concept", "pasta", "caa_concept", "caa_concept_random"],
+                concepts=["weddings", "joy"], vector_methods=["caa_concept", "caa_concept_random"],
+                attention_methods=["pasta"], strengths=[1.2, 0.6], layers=[12, 8], alphas=[0.05, 0.01],
+                follows={"caa_concept_random": "caa_concept"}, cost_suites=["capability_offline"])  # fmt: skip
+    return StudyPlan(**{**args, **kw})
 
 
-def test_write_study_records_the_choice_and_both_splits(tmp_path):
-    out = write_study(_frame(), tmp_path, objective=Objective("score"), scores=["score"], follows={"caa_random": "caa"})
-    record = json.loads((tmp_path / "selection.json").read_text())
-    assert record["objective"] == {"metric": "score", "maximize": True}
-    assert len(record["dev_sample_ids"]) == 10 and len(record["test_sample_ids"]) == 20
-    assert not set(record["dev_sample_ids"]) & set(record["test_sample_ids"])
-    assert (tmp_path / "study_results.csv").is_file() and len(out["results"]) == 4
-    assert (tmp_path / "study_deltas.png").stat().st_size > 0
+def test_grids_run_gentlest_first_and_dev_jobs_only_touch_the_dev_suite():
+    plan = _plan()
+    assert plan.methods() == ["pasta", "caa_concept"]
+    assert [p.label for p in plan.grid("caa_concept")] == [
+        "strength=0.6 layer=8", "strength=0.6 layer=12", "strength=1.2 layer=8", "strength=1.2 layer=12",
+    ]  # fmt: skip
+    assert [p.overrides() for p in plan.grid("pasta")] == [
+        ["arm.controls.pasta.alpha=0.01"],
+        ["arm.controls.pasta.alpha=0.05"],
+    ]
+    assert _plan(layers=[]).grid("caa_concept")[0].overrides() == ["strength=0.6"]  # the model's layer
+    dev = plan.dev_jobs(["model=tiny"])
+    assert len(dev) == 2 * (1 + 2 + 4)  # per concept: baseline, PASTA's alphas, CAA's strength x layer
+    assert {job.suite for job in dev} == {"concept_steering_dev"}
+    assert dev[0].overrides == ("model=tiny", "concept=weddings", "arm=baseline", "suite=concept_steering_dev")
 
 
-def test_strength_of_reads_the_multiplier_of_canonical_controls():
-    controls = [{"_target_": "CAA", "args": {"multiplier": 0.3, "layer_id": 12}}]
-    assert strength_of(controls) == 0.3
-    assert strength_of({"pasta": {"alpha": 0.01}}) == 0.01
-    assert strength_of([]) is None
+def test_report_jobs_put_every_arm_at_its_methods_chosen_point_per_concept():
+    plan = _plan()
+    choices = {(c, m): plan.grid(m)[i] for c, i in (("weddings", 0), ("joy", 1)) for m in plan.methods()}
+    jobs = plan.report_jobs([], choices)
+    assert len(jobs) == 2 * 2 * 5  # concepts x (test, cost) x arms
+    for job in jobs:
+        expected = choices.get((job.concept, {"caa_concept_random": "caa_concept"}.get(job.arm_name, job.arm_name)))
+        assert job.point == (expected or Point())
+        assert f"concept={job.concept}" in job.overrides and job.stage in ("test", "cost")
+    with pytest.raises(ValueError, match="needs alphas"):
+        _plan(alphas=[])
+
+
+def test_the_command_line_sets_arms_grid_and_concepts(tmp_path):
+    plan = _plan()
+    passthrough = plan.take_arguments(
+        ["model=tiny", "arm=baseline,caa_concept", "strength=0.9,-0.3", "concept=joy,pirate"]
+    )
+    assert passthrough == ["model=tiny"]
+    assert plan.arms == ["baseline", "caa_concept"] and plan.strengths == [-0.3, 0.9]
+    assert plan.concepts == ["joy", "pirate"]
+    listing = tmp_path / "concepts.txt"
+    listing.write_text("weddings\n# a comment\njoy  # trailing\n\n")
+    assert concept_list([str(listing)]) == ["weddings", "joy"]
+    concept_file = tmp_path / "mine.yaml"
+    concept_file.write_text("name: mine\n")
+    assert concept_list([str(concept_file)]) == [str(concept_file)]  # one concept file, not a list
+    with pytest.raises(ValueError, match="sweeps only"):
+        _plan().take_arguments(["seed=1,2"])

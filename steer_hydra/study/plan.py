@@ -1,0 +1,214 @@
+"""The study's plan: the jobs a held-out study launches, as Hydra override lists with what each one evaluates.
+
+A study runs, per concept: **dev** jobs (the baseline, and every method at every point of its grid, on the dev
+suite), then, once each method's point is chosen on dev, **report** jobs (the baseline and every arm, methods and
+the arms that follow them at the chosen point, on the test suite and each cost suite). Grids:
+
+- vector methods (`vector_methods`: CAA, ActAdd and their sanity arms) sweep `strength` x `layer`, the layer as
+  `model.steering_layer` (the model group's layer default, which the concept controls read); no `layers` keeps
+  the model's default;
+- attention methods (`attention_methods`: PASTA) sweep `alpha` (`arm.controls.pasta.alpha`);
+- a point lists its axes in that order; grid order is strength (smallest magnitude first), then layer, so ties
+  in the objective go to the gentlest intervention.
+
+Command-line overrides reach every job; `arm=a,b`, `strength=x,y`, `concept=a,b` (or `concepts=[a,b]`, or
+`concepts=<file listing one concept per line>`) set the study's arms, strength grid and concepts; any other sweep
+is refused (one study per save_dir and seed).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+
+from steer_hydra.tasks.concept_steering import OBJECTIVE
+
+# axis name -> the config key a job's override sets
+AXES = {"strength": "strength", "layer": "model.steering_layer", "alpha": "arm.controls.pasta.alpha"}
+STAGES = ("dev", "test", "cost")
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """One point of a method's grid: `(axis, value)` pairs in `AXES` order (empty for an arm without a grid)."""
+
+    values: tuple[tuple[str, float], ...] = ()
+
+    def overrides(self) -> list[str]:
+        return [f"{AXES[axis]}={value!r}" for axis, value in self.values]
+
+    @property
+    def label(self) -> str:
+        """`strength=0.9 layer=12` (`-` for no grid)."""
+        return " ".join(f"{axis}={value:g}" for axis, value in self.values) or "-"
+
+    def columns(self) -> dict[str, float | None]:
+        """`{axis: value or None}` for every axis of `AXES`."""
+        given = dict(self.values)
+        return {axis: given.get(axis) for axis in AXES}
+
+    @classmethod
+    def from_columns(cls, columns: Mapping[str, Any]) -> Point:
+        """The point of a row's `AXES` columns (missing, None or NaN: not on that axis); a layer is an int."""
+        values = []
+        for axis in AXES:
+            value = columns.get(axis)
+            if value is not None and value == value:  # NaN != NaN
+                values.append((axis, int(value) if axis == "layer" else float(value)))
+        return cls(tuple(values))
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One launched job: its overrides and what it evaluates (stage, concept, arm, grid point, suite)."""
+
+    overrides: tuple[str, ...]
+    stage: str
+    concept: str
+    arm_name: str
+    point: Point
+    suite: str
+
+    def row(self) -> dict[str, Any]:
+        """The job as a row of the launched table (`overrides` joined by spaces)."""
+        return {
+            "stage": self.stage,
+            "concept": self.concept,
+            "arm_name": self.arm_name,
+            "point": self.point.label,
+            **self.point.columns(),
+            "suite": self.suite,
+            "overrides": " ".join(self.overrides),
+        }
+
+
+@dataclass
+class StudyPlan:
+    """What a study evaluates; `dev_jobs` and `report_jobs` turn it into jobs (see the module docstring)."""
+
+    arms: list[str]
+    concepts: list[str] = field(default_factory=lambda: ["weddings"])
+    vector_methods: list[str] = field(default_factory=list)
+    attention_methods: list[str] = field(default_factory=list)
+    strengths: list[float] = field(default_factory=list)
+    layers: list[int] = field(default_factory=list)
+    alphas: list[float] = field(default_factory=list)
+    follows: dict[str, str] = field(default_factory=dict)
+    baseline: str = "baseline"
+    prompt_arm: str = "prompt_concept"
+    objective: str = OBJECTIVE
+    maximize: bool = True
+    dev_suite: str = "concept_steering_dev"
+    test_suite: str = "concept_steering_test"
+    cost_suites: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.strengths = sorted((float(s) for s in self.strengths), key=lambda s: (abs(s), s))
+        self.layers = sorted(int(layer) for layer in self.layers)
+        self.alphas = sorted((float(a) for a in self.alphas), key=lambda a: (abs(a), a))
+        for arm in self.vector_methods:
+            if not self.strengths:
+                raise ValueError(f"StudyPlan: vector method {arm!r} needs strengths. Fix: strength=a,b,c.")
+        for arm in self.attention_methods:
+            if not self.alphas:
+                raise ValueError(f"StudyPlan: attention method {arm!r} needs alphas. Fix: hydra.sweeper.alphas=[...].")
+        if not self.concepts:
+            raise ValueError("StudyPlan: no concept. Fix: concept=<name or file> or concepts=[a,b].")
+
+    # ------------------------------------------------------------------------------------------ the command line
+    def take_arguments(self, arguments: Sequence[str]) -> list[str]:
+        """Apply the study's own overrides (`arm`, `strength`, `concept`, `concepts`); return those for every job."""
+        passthrough = []
+        for override in OverridesParser.create().parse_overrides(list(arguments)):
+            key = override.get_key_element()
+            values = list(override.sweep_string_iterator()) if override.is_sweep_override() else [override.value()]
+            if key == "arm":
+                self.arms = [str(v) for v in values]
+            elif key == "strength":
+                self.strengths = sorted((float(v) for v in values), key=lambda s: (abs(s), s))
+            elif key in ("concept", "concepts"):
+                self.concepts = concept_list(values)
+            elif override.is_sweep_override():
+                raise ValueError(
+                    f"StudySweeper: `{override.input_line}` sweeps {key!r}; a study sweeps only `arm`, `strength` "
+                    "and `concept` (one study per save_dir). Fix: run one study command per value, e.g. per seed."
+                )
+            else:
+                passthrough.append(override.input_line)
+        return passthrough
+
+    # ------------------------------------------------------------------------------------------ grids
+    def swept(self, arm: str) -> bool:
+        """Whether `arm` runs at a grid point (a method, or an arm that follows one)."""
+        return arm in self.vector_methods or arm in self.attention_methods or arm in self.follows
+
+    def methods(self) -> list[str]:
+        """The arms whose point is chosen on dev: swept arms in the study, and the arms they follow."""
+        chosen = [a for a in self.arms if self.swept(a) and a not in self.follows]
+        chosen += [self.follows[a] for a in self.arms if a in self.follows]
+        return list(dict.fromkeys(chosen))
+
+    def grid(self, method: str) -> list[Point]:
+        """`method`'s points in grid order (ties in the objective go to the first)."""
+        if method in self.vector_methods:
+            layers: Iterable[int | None] = self.layers or [None]
+            return [
+                Point(tuple((axis, value) for axis, value in (("strength", s), ("layer", la)) if value is not None))
+                for s, la in itertools.product(self.strengths, layers)
+            ]
+        if method in self.attention_methods:
+            return [Point((("alpha", a),)) for a in self.alphas]
+        return [Point()]
+
+    # ------------------------------------------------------------------------------------------ jobs
+    def _job(self, passthrough: Sequence[str], stage: str, concept: str, arm: str, point: Point, suite: str) -> Job:
+        overrides = (*passthrough, f"concept={concept}", f"arm={arm}", *point.overrides(), f"suite={suite}")
+        return Job(tuple(overrides), stage, concept, arm, point, suite)
+
+    def dev_jobs(self, passthrough: Sequence[str]) -> list[Job]:
+        """Per concept: the baseline and each method at each grid point, on the dev suite."""
+        methods = self.methods()
+        if not methods:
+            return []
+        jobs = []
+        for concept in self.concepts:
+            jobs.append(self._job(passthrough, "dev", concept, self.baseline, Point(), self.dev_suite))
+            for method in methods:
+                jobs += [self._job(passthrough, "dev", concept, method, p, self.dev_suite) for p in self.grid(method)]
+        return jobs
+
+    def report_jobs(self, passthrough: Sequence[str], choices: Mapping[tuple[str, str], Point]) -> list[Job]:
+        """Per concept: the baseline and every arm (swept ones at their method's chosen point, `choices[(concept,
+        method)]`) on the test suite and each cost suite."""
+        jobs = []
+        arms = list(dict.fromkeys([self.baseline, *self.arms]))
+        for concept in self.concepts:
+            for stage, suite in [("test", self.test_suite), *(("cost", s) for s in self.cost_suites)]:
+                for arm in arms:
+                    point = choices[(concept, self.follows.get(arm, arm))] if self.swept(arm) else Point()
+                    jobs.append(self._job(passthrough, stage, concept, arm, point, suite))
+        return jobs
+
+
+def concept_list(values: Sequence[Any]) -> list[str]:
+    """Concept names or files from `concept=`/`concepts=` values: a list, names, or one file (`.txt`: one concept
+    per line, `#` comments; `.yaml`/`.yml` holding a list) that lists them."""
+    flat: list[str] = []
+    for value in values:
+        flat += [str(v) for v in value] if isinstance(value, (list, tuple)) else [str(value)]
+    if len(flat) == 1 and Path(flat[0]).suffix in (".txt", ".yaml", ".yml") and Path(flat[0]).is_file():
+        path = Path(flat[0])
+        if path.suffix == ".txt":
+            return [line.split("#")[0].strip() for line in path.read_text().splitlines() if line.split("#")[0].strip()]
+        import yaml
+
+        listed = yaml.safe_load(path.read_text())
+        if isinstance(listed, list):
+            return [str(item) for item in listed]
+        # a single concept file (a mapping), not a list of concepts
+    return list(dict.fromkeys(flat))
