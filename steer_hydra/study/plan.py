@@ -190,9 +190,18 @@ class StudyPlan:
         for concept in self.concepts:
             for stage, suite in [("test", self.test_suite), *(("cost", s) for s in self.cost_suites)]:
                 for arm in arms:
-                    point = choices[(concept, self.follows.get(arm, arm))] if self.swept(arm) else Point()
+                    point = self._chosen(choices, concept, arm) if self.swept(arm) else Point()
                     jobs.append(self._job(passthrough, stage, concept, arm, point, suite))
         return jobs
+
+    def _chosen(self, choices: Mapping[tuple[str, str], Point], concept: str, arm: str) -> Point:
+        method = self.follows.get(arm, arm)
+        if (concept, method) not in choices:
+            raise ValueError(
+                f"No point was chosen for {method!r} on concept {concept!r}: its dev jobs left no scored rows. Fix: "
+                "see the dev jobs' logs (inspect view), then run the same study command again (it resumes)."
+            )
+        return choices[(concept, method)]
 
 
 def concept_list(values: Sequence[Any]) -> list[str]:

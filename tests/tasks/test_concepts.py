@@ -289,3 +289,12 @@ def test_a_concept_without_a_lexicon_cannot_build_the_rule_scored_task(tmp_path)
     message = str(info.value)
     assert str(path) in message and "has no lexicon" in message and "concept_score" in message
     assert re.search(r"Fix: add `lexicon: \[stem, \.\.\.\]`.* or score the task with a model judge", message)
+
+
+def test_the_study_reads_the_score_names_the_task_registers():
+    from inspect_ai._util.registry import registry_info
+
+    from steer_hydra.tasks.concept_steering import FLUENCY, OBJECTIVE, SCORES, concept_steering
+
+    names = tuple(registry_info(s).name for s in concept_steering(split="dev").scorer)
+    assert names == SCORES and OBJECTIVE in SCORES and FLUENCY in SCORES
