@@ -101,13 +101,13 @@ def win_rates(results: pd.DataFrame, *, objective: str, versus: str) -> pd.DataF
     rows = results[results["metric"] == objective]
     reference = rows[rows["arm_name"] == versus].set_index("concept")["arm_mean"]
     if reference.empty:
-        return pd.DataFrame(columns=["arm_name", "win_rate", "n_concepts_won"])
+        return pd.DataFrame(columns=["arm_name", "win_rate", "win_rate_concepts"])
     out = []
     for arm, frame in rows[rows["arm_name"] != versus].groupby("arm_name", sort=True):
         other = frame["concept"].map(reference)
         wins = (frame["arm_mean"] > other).astype(float) + 0.5 * (frame["arm_mean"] == other)
-        out.append({"arm_name": arm, "win_rate": float(wins.mean()), "n_concepts_won": int(wins.count())})
-    return pd.DataFrame(out, columns=["arm_name", "win_rate", "n_concepts_won"])
+        out.append({"arm_name": arm, "win_rate": float(wins.mean()), "win_rate_concepts": int(wins.count())})
+    return pd.DataFrame(out, columns=["arm_name", "win_rate", "win_rate_concepts"])
 
 
 def write_study(
