@@ -21,6 +21,8 @@ class _Engine:
         self.aborted: list[str] = []
         self.fail_step = fail_step
         self.in_engine = threading.Event()
+        self.gate = threading.Event()  # the first step waits for it (set by default: no wait)
+        self.gate.set()
 
     def add_request(self, request_id, prompt, params):
         if prompt == "refuse":
@@ -32,6 +34,7 @@ class _Engine:
 
     def step(self):
         self.in_engine.set()
+        self.gate.wait(timeout=30)
         if self.fail_step is not None and len(self.step_sizes) == self.fail_step:
             raise RuntimeError("engine core died")
         self.step_sizes.append(len(self.left))
@@ -53,8 +56,18 @@ def params(steps):
 
 def test_callers_on_many_threads_share_the_engines_steps_and_each_gets_its_own_outputs():
     engine = _Engine()
+    engine.gate.clear()  # the first step holds until every caller has submitted: the others join the next step
     loop = EngineLoop(engine, final_only="final")
     results: dict[int, list[str]] = {}
+    submitted = threading.Semaphore(0)
+    submit = loop.submit
+
+    def counted_submit(prompts, sampling):
+        futures = submit(prompts, sampling)
+        submitted.release()
+        return futures
+
+    loop.submit = counted_submit
 
     def call(index):
         prompts = [f"{index}-{k}" for k in range(2)]
@@ -63,6 +76,9 @@ def test_callers_on_many_threads_share_the_engines_steps_and_each_gets_its_own_o
     threads = [threading.Thread(target=call, args=(i,)) for i in range(6)]
     for thread in threads:
         thread.start()
+    for _ in threads:
+        assert submitted.acquire(timeout=30)
+    engine.gate.set()
     for thread in threads:
         thread.join(timeout=30)
     assert results == {i: [f"{i}-0", f"{i}-1"] for i in range(6)}
