@@ -47,6 +47,7 @@ from typing import Any
 
 import pandas as pd
 
+from steer_hydra.app.job import JOB_RECORD
 from steer_hydra.app.judge import judge_as_model
 from steer_hydra.app.results import Selection, compare, summary_metrics, write_files
 from steer_hydra.core.files import locked, read_json, write_csv, write_json
@@ -56,7 +57,6 @@ from steer_hydra.tasks.judge import JUDGE_ROLE, JUDGED_TASKS, RULE_PAIRS, SCORER
 
 logger = logging.getLogger(__name__)
 
-JOB_RECORD = "job_record.json"
 MULTIRUN_FILE = "multirun.yaml"
 AGREEMENT_FILE = "agreement.csv"
 TEMP_DIR = ".rescore"
