@@ -47,7 +47,9 @@ def study_frame(save_dir: str | Path, launched: pd.DataFrame) -> pd.DataFrame:
     """Per-sample rows of every cell `launched` names (`config_id`, `suite` and `LAUNCHED_KEYS` columns), with
     what was launched; a cell launched for several concepts appears once per concept."""
     save_dir = Path(save_dir)
-    frames = [f for f in task_samples(results_from_logs(save_dir), save_dir) if not f.empty]
+    cells = results_from_logs(save_dir, config_ids=set(launched["config_id"]))
+    cells = cells[cells["suite"].isin(set(launched["suite"]))]  # only the launched cells' logs are read
+    frames = [f for f in task_samples(cells, save_dir) if not f.empty]
     if not frames:
         raise ValueError(f"study_frame: no evaluated samples under {save_dir}.")
     samples = pd.concat(frames, ignore_index=True)
