@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import shlex
 import sys
 import time
@@ -250,6 +251,7 @@ class SweepProgress:
     sweep_dir: Path
     done: int = 0
     started: float = field(default_factory=time.monotonic)
+    pid: int = field(default_factory=os.getpid)  # a launcher that pickles the callback to its workers: not there
 
 
 class SweepAggregator(Callback):
@@ -270,7 +272,7 @@ class SweepAggregator(Callback):
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
         """A sweep whose jobs run in this process (the basic launcher): `Sweep: k/N job(s) done, ETA ...`."""
         progress = self._progress
-        if progress is None:
+        if progress is None or progress.pid != os.getpid():
             return
         launched = launched_jobs(progress.sweep_dir)  # a sweeper that plans as it goes: the jobs launched so far
         if launched is not None:

@@ -17,7 +17,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -77,6 +79,19 @@ def memory_report() -> dict[str, Any]:
         rss = int(statm.read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
     live = sum(1 for obj in gc.get_objects() if issubclass(type(obj), PreTrainedModel))  # type(): no lazy attrs
     return {"pid": os.getpid(), "rss_mib": rss, "live_models": live}
+
+
+SLURM_VARIABLES = ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURMD_NODENAME")
+
+
+def placement() -> dict[str, Any]:
+    """Where this job ran: host and pid; on Ray its node id; under SLURM its job, array job and task ids and node."""
+    where: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid()}
+    ray = sys.modules.get("ray")  # imported only when a Ray launcher runs this job
+    if ray is not None and ray.is_initialized():
+        where["ray_node_id"] = ray.get_runtime_context().get_node_id()
+    where.update({name.lower(): os.environ[name] for name in SLURM_VARIABLES if name in os.environ})
+    return where
 
 
 def make_tracker(cfg: DictConfig, plan: JobPlan, output_dir: Path) -> Tracker | None:
@@ -203,6 +218,7 @@ def _run_job(cfg: DictConfig, output_dir: Path) -> float:
                 "metrics": metrics,
                 "provenance": provenance,
                 "memory_after_release": memory_report(),
+                "placement": placement(),
             },
         )
         if tracker is not None:

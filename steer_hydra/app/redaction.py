@@ -9,7 +9,9 @@ How it runs (Hydra 1.3.8):
   moves into an environment variable of this process (`STEER_HYDRA_SECRET_<KEY>`, inherited by the processes
   and cluster jobs the launcher starts) and the override, the sweep config's node and `override_dirname` become
   `${oc.env:STEER_HYDRA_SECRET_<KEY>}`. Every launcher then pickles and records only the reference (submitit's
-  `.submitit/*.pkl`); the job resolves it in memory. `on_multirun_end` removes the variables.
+  `.submitit/*.pkl`); the job resolves it in memory. `on_multirun_end` removes the variables. Ray's workers
+  inherit their node's environment instead, so on its launcher the variables also travel in the sweep's Ray
+  runtime environment (`forward_environment_to_ray`).
 - A sweep's `multirun.yaml` is written by the launcher before any job: the first `on_job_start` of the sweep
   (and `on_multirun_end`) rewrites it redacted, atomically.
 - `on_run_start` / `on_multirun_start` / `on_job_start` install a log-record factory that redacts those values
@@ -154,6 +156,18 @@ def move_secrets_to_environment(config: DictConfig) -> list[str]:
     return names
 
 
+def forward_environment_to_ray(config: DictConfig, names: list[str]) -> None:
+    """On Ray's launcher, give the jobs the variables `names` too: a Ray worker inherits its node's `ray start`
+    environment, not this process's. Each becomes `hydra.launcher.ray.init.runtime_env.env_vars.<NAME>:
+    ${oc.env:NAME}`, resolved by the launcher in this process when it connects, so no file holds the value."""
+    if not names or not OmegaConf.is_dict(OmegaConf.select(config, "hydra.launcher.ray.init", default=None)):
+        return  # not a Ray launcher (those are configured by `ray.init` / `ray.remote`)
+    with read_write(config.hydra), open_dict(config.hydra):
+        for name in names:
+            key = f"hydra.launcher.ray.init.runtime_env.env_vars.{name}"
+            OmegaConf.update(config, key, f"${{oc.env:{name}}}", force_add=True)
+
+
 def _holds(config: DictConfig, key: str) -> bool:
     return OmegaConf.select(config, key, throw_on_resolution_failure=False) is not None
 
@@ -178,6 +192,7 @@ class RedactSecrets(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         install_log_redaction(redactor_for(config))
         self.environ_names = move_secrets_to_environment(config)
+        forward_environment_to_ray(config, self.environ_names)
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         redactor = redactor_for(config)

@@ -11,7 +11,8 @@ become directories are checked while Hydra resolves those paths. `config.yaml` b
 `hydra.sweep.dir`, `hydra.sweep.subdir` and `save_dir` through two resolvers registered here:
 `${steer_hydra.dir_name:KEY}` (the value of KEY, refused unless it is one plain path component) and
 `${steer_hydra.writable_dir:KEY}` (the value of KEY, refused unless that directory exists writable or can be
-created). A refusal while Hydra resolves one of its own keys (`hydra.*`) exits at once with the one-line
+created; a relative value is made absolute against the directory the command was launched from). A refusal while
+Hydra resolves one of its own keys (`hydra.*`) exits at once with the one-line
 `steer_hydra: invalid configuration: ...` message, before any directory exists (Hydra prints any exception
 raised there with a traceback); elsewhere (`save_dir`) it raises `ConfigError`, which pre-flight reports.
 """
@@ -229,11 +230,18 @@ def _refuse(problem: str, node: Any) -> None:
     raise ConfigError(problem)
 
 
-def _guarded(problem_of: Callable[[str, Any], str | None]) -> Callable[..., Any]:
-    """A resolver `${name:KEY}` that returns KEY's value, refused (`_refuse`) when `problem_of(KEY, value)` says."""
+def _guarded(problem_of: Callable[[str, Any], str | None], absolute: bool = False) -> Callable[..., Any]:
+    """A resolver `${name:KEY}` that returns KEY's value, refused (`_refuse`) when `problem_of(KEY, value)` says.
+
+    `absolute`: a relative value is returned joined to the directory the command was launched from
+    (`hydra.runtime.cwd`, recorded when Hydra composed the config), so a job that runs elsewhere (a Ray worker
+    starts in the directory its node's `ray start` ran in) writes where the launching command meant."""
 
     def resolver(key: str, _node_: Any, _root_: Any) -> Any:
         value = OmegaConf.select(_root_, key, throw_on_missing=True)
+        if absolute and value is not None and str(value).strip() and not os.path.isabs(os.path.expanduser(str(value))):
+            launched_from = OmegaConf.select(_root_, "hydra.runtime.cwd", default=None) or _launch_dir()
+            value = os.path.normpath(os.path.join(str(launched_from), str(value)))
         problem = problem_of(key, value)
         if problem:
             _refuse(problem, _node_)
@@ -242,12 +250,23 @@ def _guarded(problem_of: Callable[[str, Any], str | None]) -> Callable[..., Any]
     return resolver
 
 
+def _launch_dir() -> str:
+    """The directory the running Hydra app was launched from (a job's config has no `hydra` node: Hydra keeps it in
+    `HydraConfig`), else this process's working directory."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized():
+        return str(HydraConfig.get().runtime.cwd)
+    return os.getcwd()
+
+
 def register_resolvers() -> None:
     """Register `steer_hydra.dir_name`, `steer_hydra.writable_dir` (see the module docstring) and
     `steer_hydra.concept_name` (the concept suites' names carry it, so each concept has its own cells); idempotent."""
-    for name, problem_of in ((DIR_NAME_RESOLVER, dir_name_problem), (WRITABLE_DIR_RESOLVER, writable_dir_problem)):
-        if not OmegaConf.has_resolver(name):
-            OmegaConf.register_new_resolver(name, _guarded(problem_of))
+    if not OmegaConf.has_resolver(DIR_NAME_RESOLVER):
+        OmegaConf.register_new_resolver(DIR_NAME_RESOLVER, _guarded(dir_name_problem))
+    if not OmegaConf.has_resolver(WRITABLE_DIR_RESOLVER):
+        OmegaConf.register_new_resolver(WRITABLE_DIR_RESOLVER, _guarded(writable_dir_problem, absolute=True))
     if not OmegaConf.has_resolver(CONCEPT_NAME_RESOLVER):
         OmegaConf.register_new_resolver(CONCEPT_NAME_RESOLVER, _concept_name)
 

@@ -1,0 +1,1 @@
+"""The Ray launcher `hydra/launcher=ray` (`ray_launcher.RayLauncher`, over hydra-ray-launcher)."""

@@ -1,0 +1,73 @@
+"""What lets a job run on another machine than the launching one: paths resolved against the launch directory, the
+secrets' variables forwarded to Ray's workers, where the job ran in its record, progress lines only where counted.
+The real clusters run in test_ray_cluster.py and test_slurm_cluster.py."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from steer_hydra.app.callbacks import SweepAggregator, SweepProgress
+from steer_hydra.app.job import placement
+from steer_hydra.app.redaction import forward_environment_to_ray
+
+
+def test_a_relative_output_root_resolves_against_the_launch_directory_wherever_the_job_runs(
+    compose_cfg, tmp_path, monkeypatch
+):
+    launch, node = tmp_path / "launch", tmp_path / "node"
+    launch.mkdir()
+    node.mkdir()
+    monkeypatch.chdir(launch)
+    cfg = compose_cfg(["output_root=outs", "seed=3"], return_hydra_config=True)
+    job_cfg = compose_cfg(["output_root=outs", "seed=3"])  # a job's config: no hydra node, HydraConfig holds it
+    monkeypatch.chdir(node)  # a Ray worker starts where its node's `ray start` ran
+    expected = launch / "outs" / "default" / "tiny" / "seed_3"
+    assert Path(cfg.save_dir) == expected and Path(job_cfg.save_dir) == expected
+    assert Path(cfg.hydra.sweep.dir).parent == launch / "outs" / "default" / "multiruns"
+    absolute = compose_cfg([f"output_root={tmp_path / 'abs'}"])
+    assert Path(absolute.save_dir).parent.parent.parent == tmp_path / "abs"
+
+
+def test_secret_variables_travel_in_rays_runtime_env_as_references_only(monkeypatch):
+    name = "STEER_HYDRA_SECRET_API_TOKEN"
+    monkeypatch.setenv(name, "value-7")
+    ray = OmegaConf.create({"hydra": {"launcher": {"ray": {"init": {"address": "auto"}, "remote": {}}}}})
+    forward_environment_to_ray(ray, [name])
+    env_vars = ray.hydra.launcher.ray.init.runtime_env.env_vars
+    assert OmegaConf.to_container(env_vars, resolve=False) == {name: "${oc.env:" + name + "}"}  # no value stored
+    assert OmegaConf.to_container(ray.hydra.launcher.ray.init, resolve=True)["runtime_env"]["env_vars"] == {
+        name: "value-7"  # what the launcher hands Ray when it connects
+    }
+    other = OmegaConf.create({"hydra": {"launcher": {"_target_": "x.SlurmLauncher", "partition": "gpu"}}})
+    forward_environment_to_ray(other, [name])
+    assert "ray" not in other.hydra.launcher and "runtime_env" not in str(other)
+
+
+def test_the_job_record_says_where_the_job_ran(monkeypatch):
+    for name in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURMD_NODENAME"):
+        monkeypatch.delenv(name, raising=False)
+    here = placement()
+    assert here["pid"] == os.getpid() and here["host"] and "ray_node_id" not in here and "slurm_job_id" not in here
+    monkeypatch.setenv("SLURM_JOB_ID", "41")
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "40")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "1")
+    monkeypatch.setenv("SLURMD_NODENAME", "gpu-07")
+    on_slurm = placement()
+    assert on_slurm["slurm_job_id"] == "41" and on_slurm["slurm_array_job_id"] == "40"
+    assert on_slurm["slurm_array_task_id"] == "1" and on_slurm["slurmd_nodename"] == "gpu-07"
+
+
+def test_progress_lines_come_only_from_the_process_that_counts_the_sweep(tmp_path, caplog):
+    callback = SweepAggregator()
+    callback._progress = SweepProgress(total=4, sweep_dir=tmp_path)
+    with caplog.at_level(logging.INFO):
+        callback.on_job_end(config=None, job_return=None)
+        assert "Sweep: 1/4 job(s) done" in caplog.text
+        caplog.clear()
+        callback._progress.pid = os.getpid() + 1  # a copy of the callback pickled into a launcher's worker
+        callback.on_job_end(config=None, job_return=None)
+    assert "Sweep:" not in caplog.text and callback._progress.done == 1

@@ -1,0 +1,93 @@
+"""`hydra/launcher=ray` on a real two-node Ray cluster on this machine (a head and a joined node, one CPU each):
+jobs run on both nodes, the results equal a serial sweep's sample for sample, a job killed mid-run is named in
+`missing_cells.json` and completed by its printed command, and the secret reaches the jobs but no file."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cluster_helpers import (
+    SECRET,
+    SWEEP,
+    check_equal_to_serial,
+    check_killed_job_is_missing,
+    check_secret,
+    complete_and_reaggregate,
+    install_callbacks,
+    run_steer_hydra,
+    serial_reference,
+    the_sweep,
+)
+
+pytest.importorskip("hydra_plugins.hydra_ray_launcher", reason="pip install 'steer_hydra[launchers]'")
+pytestmark = [pytest.mark.slow, pytest.mark.cluster, pytest.mark.timeout(900)]
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _ray(*args: str, cwd: Path, env: dict[str, str]) -> None:
+    proc = subprocess.run([RAY, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+@pytest.fixture
+def ray_cluster(tmp_path):
+    """A head (`ray start --head`) and a second node joining it, one CPU each; yields (address, node env);
+    `ray stop` in finally. The nodes get the test callbacks' folder on PYTHONPATH, as a cluster's nodes get the
+    user's code."""
+    _, plugins, _ = install_callbacks(tmp_path)
+    node_dir = tmp_path / "ray_nodes"  # the nodes' working directory: not where the sweep is launched
+    node_dir.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugins), os.environ.get("PYTHONPATH", "")])}
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    address = f"127.0.0.1:{_free_port()}"
+    try:
+        _ray("start", "--head", f"--port={address.split(':')[1]}", "--num-cpus=1", "--include-dashboard=false",
+             cwd=node_dir, env=env)  # fmt: skip
+        _ray("start", f"--address={address}", "--num-cpus=1", cwd=node_dir, env=env)
+        yield address, env
+    finally:
+        subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=120)
+        shutil.rmtree(node_dir, ignore_errors=True)
+
+
+def test_a_sweep_on_a_two_node_ray_cluster_equals_the_serial_sweep(ray_cluster, tmp_path, record_property):
+    address, node_env = ray_cluster
+    kill, plugins, marker = install_callbacks(tmp_path)
+    env = {"PYTHONPATH": node_env["PYTHONPATH"], "RAY_ADDRESS": address}
+    launch_dir = tmp_path / "ray"
+    launch_dir.mkdir()
+    # the README's Ray command (RAY_ADDRESS names the cluster, as `address: auto` reads it), the tiny model
+    proc = run_steer_hydra([*SWEEP, "hydra/launcher=ray", *kill, f"+secret_token={SECRET}"], launch_dir, env)
+    console = proc.stdout + proc.stderr
+    assert proc.returncode != 0, console[-3000:]  # a job was killed
+    sweep = the_sweep(launch_dir)
+    records = job_records(sweep)
+    nodes = {r["placement"]["ray_node_id"] for r in records}
+    assert len(records) == 3 and len(nodes) == 2, console[-4000:]  # both nodes ran jobs
+    missing = check_killed_job_is_missing(sweep, console)
+    check_secret(tmp_path, console)
+
+    complete_and_reaggregate(sweep, missing, marker, launch_dir, env)
+    serial = serial_reference(tmp_path / "serial", {"PYTHONPATH": node_env["PYTHONPATH"]})
+    compared = check_equal_to_serial(sweep, serial)
+    record_property("ray_nodes", f"{len(nodes)} nodes ran {len(records)} jobs: {sorted(nodes)}")
+    record_property("ray_equal_to_serial", f"{compared}/{compared} sample rows equal")
+    print(f"Ray: {len(records)} jobs on nodes {sorted(nodes)}; {compared} sample rows equal to the serial sweep")
+
+
+def job_records(sweep: Path) -> list[dict]:
+    import json
+
+    return [json.loads(p.read_text()) for p in sorted(sweep.glob("*/job_record.json"))]
