@@ -18,8 +18,6 @@ from app_helpers import FAST, files_holding
 # The README's cluster sweep on the tiny model; logger=none: W&B is not what these tests check.
 SWEEP = ["--multirun", "arm=baseline,pasta", "seed=1,2", *FAST, "logger=none"]
 SECRET = "SENTINEL_cluster_token_7f3a"  # a secret-named override every cluster sweep carries
-# the job each cluster test kills at its first generation: job 1 of 4, so jobs launched after it must still finish
-KILLED = ("baseline", 2)
 
 CALLBACKS = '''
 """Test-only Hydra callbacks, run inside each job wherever the launcher puts it."""
@@ -61,9 +59,10 @@ class SecretProbe(Callback):
 '''
 
 
-def install_callbacks(root: Path) -> tuple[list[str], Path, Path]:
-    """Write the test callbacks under `root/plugins`; returns the overrides that add them to a sweep, the folder to
-    put on PYTHONPATH (of the launching process and of every node), and the killer's marker file."""
+def install_callbacks(root: Path, killed: tuple[str, int]) -> tuple[list[str], Path, Path]:
+    """Write the test callbacks under `root/plugins`; returns the overrides that add them to a sweep (the job
+    `killed` = (arm, seed) is SIGKILLed at its first generation), the folder to put on PYTHONPATH (of the launching
+    process and of every node), and the killer's marker file."""
     plugins = root / "plugins"
     probes = root / "probes"
     plugins.mkdir(parents=True, exist_ok=True)
@@ -72,8 +71,8 @@ def install_callbacks(root: Path) -> tuple[list[str], Path, Path]:
     marker = root / "completing"
     overrides = [
         "+hydra.callbacks.kill._target_=cluster_callbacks.KillOnce",
-        f"+hydra.callbacks.kill.arm={KILLED[0]}",
-        f"+hydra.callbacks.kill.seed={KILLED[1]}",
+        f"+hydra.callbacks.kill.arm={killed[0]}",
+        f"+hydra.callbacks.kill.seed={killed[1]}",
         f"+hydra.callbacks.kill.marker={marker}",
         "+hydra.callbacks.probe._target_=cluster_callbacks.SecretProbe",
         f"+hydra.callbacks.probe.out={probes}",
@@ -109,10 +108,10 @@ def serial_reference(root: Path, env: dict[str, str]) -> pd.DataFrame:
     return sweep_samples(the_sweep(root))
 
 
-def check_killed_job_is_missing(sweep: Path, console: str) -> dict:
+def check_killed_job_is_missing(sweep: Path, console: str, killed: tuple[str, int]) -> dict:
     """The killed job, and only it, is in `missing_cells.json` with a command; the console names it."""
     (missing,) = json.loads((sweep / "aggregate" / "missing_cells.json").read_text())
-    arm, seed = KILLED
+    arm, seed = killed
     assert f"arm={arm}" in missing["overrides"] and f"seed={seed}" in missing["overrides"], missing
     assert missing["command"].startswith("python -m steer_hydra ") and f"hydra.run.dir={sweep}" in missing["command"]
     assert missing["command"] in console

@@ -88,3 +88,12 @@ def run_main(tmp_path, monkeypatch, capsys):
         return code, captured.out, captured.err
 
     return runner
+
+
+@pytest.fixture(scope="session")
+def serial_cluster_sweep(tmp_path_factory):
+    """The cluster tests' sweep run with Hydra's basic launcher (one job after another here): its samples, which
+    every cluster's run of the same sweep must equal."""
+    from cluster_helpers import serial_reference
+
+    return serial_reference(tmp_path_factory.mktemp("serial_sweep"), {})

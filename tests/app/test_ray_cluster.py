@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from app_helpers import job_records
 from cluster_helpers import (
     SECRET,
     SWEEP,
@@ -21,13 +22,13 @@ from cluster_helpers import (
     complete_and_reaggregate,
     install_callbacks,
     run_steer_hydra,
-    serial_reference,
     the_sweep,
 )
 
 pytest.importorskip("hydra_plugins.hydra_ray_launcher", reason="pip install 'steer_hydra[launchers]'")
 pytestmark = [pytest.mark.slow, pytest.mark.cluster, pytest.mark.timeout(900)]
 RAY = str(Path(sys.executable).with_name("ray"))
+KILLED = ("baseline", 2)  # job 1 of 4: the jobs launched after it must still finish
 
 
 def _free_port() -> int:
@@ -46,7 +47,7 @@ def ray_cluster(tmp_path):
     """A head (`ray start --head`) and a second node joining it, one CPU each; yields (address, node env);
     `ray stop` in finally. The nodes get the test callbacks' folder on PYTHONPATH, as a cluster's nodes get the
     user's code."""
-    _, plugins, _ = install_callbacks(tmp_path)
+    _, plugins, _ = install_callbacks(tmp_path, KILLED)
     node_dir = tmp_path / "ray_nodes"  # the nodes' working directory: not where the sweep is launched
     node_dir.mkdir()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugins), os.environ.get("PYTHONPATH", "")])}
@@ -62,9 +63,11 @@ def ray_cluster(tmp_path):
         shutil.rmtree(node_dir, ignore_errors=True)
 
 
-def test_a_sweep_on_a_two_node_ray_cluster_equals_the_serial_sweep(ray_cluster, tmp_path, record_property):
+def test_a_sweep_on_a_two_node_ray_cluster_equals_the_serial_sweep(
+    ray_cluster, serial_cluster_sweep, tmp_path, record_property
+):
     address, node_env = ray_cluster
-    kill, plugins, marker = install_callbacks(tmp_path)
+    kill, plugins, marker = install_callbacks(tmp_path, KILLED)
     env = {"PYTHONPATH": node_env["PYTHONPATH"], "RAY_ADDRESS": address}
     launch_dir = tmp_path / "ray"
     launch_dir.mkdir()
@@ -76,18 +79,11 @@ def test_a_sweep_on_a_two_node_ray_cluster_equals_the_serial_sweep(ray_cluster, 
     records = job_records(sweep)
     nodes = {r["placement"]["ray_node_id"] for r in records}
     assert len(records) == 3 and len(nodes) == 2, console[-4000:]  # both nodes ran jobs
-    missing = check_killed_job_is_missing(sweep, console)
+    missing = check_killed_job_is_missing(sweep, console, KILLED)
     check_secret(tmp_path, console)
 
     complete_and_reaggregate(sweep, missing, marker, launch_dir, env)
-    serial = serial_reference(tmp_path / "serial", {"PYTHONPATH": node_env["PYTHONPATH"]})
-    compared = check_equal_to_serial(sweep, serial)
+    compared = check_equal_to_serial(sweep, serial_cluster_sweep)
     record_property("ray_nodes", f"{len(nodes)} nodes ran {len(records)} jobs: {sorted(nodes)}")
     record_property("ray_equal_to_serial", f"{compared}/{compared} sample rows equal")
     print(f"Ray: {len(records)} jobs on nodes {sorted(nodes)}; {compared} sample rows equal to the serial sweep")
-
-
-def job_records(sweep: Path) -> list[dict]:
-    import json
-
-    return [json.loads(p.read_text()) for p in sorted(sweep.glob("*/job_record.json"))]
