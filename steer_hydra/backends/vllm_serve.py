@@ -14,9 +14,14 @@ the job within one request deadline. Each distinct failure is logged once at ERR
 message, so it reaches the console (Inspect's own summary says only that the task failed).
 
 Identity: `base_url` and the connection settings (`CONNECTION_OPTIONS`: address, key variable, timeouts and
-deadlines, concurrency, retries) are not part of what is evaluated; the class's `protocol_options()` leaves them
-out and `identity()` (after connecting) names the served model (its `/v1/models` id) and the server's version,
-which is what a protocol should record, so a restarted server on another port can resume.
+deadlines, concurrency, retries, and the `launch*` settings) are not part of what is evaluated; the class's
+`protocol_options()` leaves them out and `identity()` (after connecting) names the served model (its `/v1/models`
+id) and the server's version, which is what a protocol should record, so a restarted server on another port can
+resume.
+
+Launched server: with `launch: true` the app (`python -m steer_hydra`, its `LaunchServer` callback) starts one
+server for the run or sweep (`steer_hydra.backends.vllm_launch`) and hands its address to the jobs in the
+environment variable `LAUNCHED_URL_ENV`; `base_url` then stays unset and is read from there.
 
 Token ids come back exactly through vLLM's `return_token_ids` request extension (recent vLLM answers with
 `choices[i].token_ids`). A server that ignores it (an older vLLM, another OpenAI-compatible server) answers
@@ -63,6 +68,10 @@ class ServerUnavailableError(ConnectionError):
     passed; later requests of the same backend fail at once with this error."""
 
 
+LAUNCH_OPTIONS = ("launch", "launch_host", "launch_timeout", "launch_args")
+# the launched server's address, set by the app for each job (a sweep: `hydra.job.env_set`)
+LAUNCHED_URL_ENV = "STEER_HYDRA_VLLM_SERVE_URL"
+
 CONNECTION_OPTIONS = (
     "base_url",
     "api_key_env",
@@ -72,6 +81,7 @@ CONNECTION_OPTIONS = (
     "max_concurrency",
     "max_retries",
     "retry_backoff",
+    *LAUNCH_OPTIONS,
 )
 
 _NUMERIC = (
@@ -81,6 +91,7 @@ _NUMERIC = (
     ("max_concurrency", int, ">= 1", lambda v: v >= 1),
     ("max_retries", int, ">= 0", lambda v: v >= 0),
     ("retry_backoff", float, ">= 0 seconds", lambda v: v >= 0),
+    ("launch_timeout", float, "> 0 seconds", lambda v: v > 0),
 )
 
 
@@ -98,6 +109,10 @@ class ServeOptions:
         max_concurrency: requests in flight at once from this backend.
         max_retries: extra attempts after a transport error (HTTP errors are not retried).
         retry_backoff: seconds before the first retry; doubles for each further one.
+        launch: the app starts a server for the run or sweep (`vllm_launch`); `base_url` is then its address.
+        launch_host: the launched server's bind address (`0.0.0.0`: jobs reach it by this machine's hostname).
+        launch_timeout: seconds the launched server may take to answer `GET /v1/models`.
+        launch_args: extra command-line arguments of the launched server (appended last, so they win).
     """
 
     base_url: str
@@ -109,10 +124,17 @@ class ServeOptions:
     max_concurrency: int = 8
     max_retries: int = 3
     retry_backoff: float = 0.5
+    launch: bool = False
+    launch_host: str = "127.0.0.1"
+    launch_timeout: float = 900.0
+    launch_args: tuple[str, ...] = ()
 
     @classmethod
-    def from_mapping(cls, options: Mapping[str, Any]) -> ServeOptions:
-        """Validate `options`, naming any unknown or bad field and the fix."""
+    def from_mapping(cls, options: Mapping[str, Any], *, launched_url: str | None = None) -> ServeOptions:
+        """Validate `options`, naming any unknown or bad field and the fix.
+
+        With `launch: true`, `base_url` must be unset: it is `launched_url`, else the `LAUNCHED_URL_ENV` variable.
+        """
         names = [f.name for f in dataclasses.fields(cls)]
         if "api_key" in options:
             raise ValueError(
@@ -123,8 +145,13 @@ class ServeOptions:
         unknown = sorted(set(options) - set(names))
         if unknown:
             raise ValueError(f"Unknown backend=vllm_serve option(s) {unknown}; valid options: {names}.")
+        launch = options.get("launch", False)
+        if not isinstance(launch, bool):
+            raise ValueError(f"backend=vllm_serve options.launch must be true or false; got {launch!r}.")
         base_url = options.get("base_url")
-        if base_url in (None, "", MISSING):
+        if launch:
+            base_url = _launched_base_url(base_url, launched_url)
+        elif base_url in (None, "", MISSING):
             raise ValueError(
                 "backend=vllm_serve needs options.base_url, the server root (e.g. http://localhost:8000). "
                 "Fix: pass backend.options.base_url=http://HOST:PORT (Hydra) or options={'base_url': ...}."
@@ -133,6 +160,7 @@ class ServeOptions:
             raise ValueError(f"backend=vllm_serve options.base_url must be an http(s) URL; got {base_url!r}.")
         values = {k: options[k] for k in names if k in options}
         values["base_url"] = normalize_base_url(base_url)
+        values["launch_args"] = _launch_args(options.get("launch_args"))
         for name, kind, rule, ok in _NUMERIC:
             if name not in values or (name == "job_deadline" and values[name] is None):
                 continue
@@ -148,8 +176,47 @@ class ServeOptions:
         for name in ("api_key_env", "model"):
             if values.get(name) is not None and not isinstance(values[name], str):
                 raise ValueError(f"backend=vllm_serve options.{name} must be a string or null; got {values[name]!r}.")
+        host = values.get("launch_host", "127.0.0.1")
+        if not isinstance(host, str) or not host:
+            raise ValueError(
+                f"backend=vllm_serve options.launch_host must be a bind address (127.0.0.1, 0.0.0.0); got {host!r}."
+            )
         parsed = cls(**values)
         return parsed
+
+
+def _launched_base_url(base_url: Any, launched_url: str | None) -> str:
+    """The address of the server launched for `launch: true`; refuses a `base_url` set beside it."""
+    if base_url not in (None, "", MISSING):
+        raise ValueError(
+            f"backend=vllm_serve options.launch=true starts its own server, so options.base_url must stay unset; "
+            f"got base_url={base_url!r}. Fix: drop backend.options.base_url, or set backend.options.launch=false "
+            "to use the server at base_url."
+        )
+    url = launched_url or os.environ.get(LAUNCHED_URL_ENV)
+    if not url:
+        raise ValueError(
+            "backend=vllm_serve options.launch=true, but no server was launched for this job: `python -m "
+            "steer_hydra` starts it (the launch_server callback in hydra.callbacks) and passes its address in "
+            f"{LAUNCHED_URL_ENV}. Fix: run through python -m steer_hydra with that callback kept, or start a server "
+            "(steer_hydra.backends.vllm_launch.launch_server) and pass options base_url=<its address>, launch=false."
+        )
+    return url
+
+
+def _launch_args(raw: Any) -> tuple[str, ...]:
+    """`launch_args` as strings (YAML numbers allowed: `[--max-model-len, 512]`)."""
+    if raw is None:
+        return ()
+    if isinstance(raw, str) or not isinstance(raw, Sequence):
+        raise ValueError(
+            f"backend=vllm_serve options.launch_args must be a list of server arguments; got {raw!r}. "
+            "Fix: backend.options.launch_args=[--max-model-len,4096]."
+        )
+    bad = [a for a in raw if isinstance(a, bool) or not isinstance(a, str | int | float)]
+    if bad:
+        raise ValueError(f"backend=vllm_serve options.launch_args must hold strings or numbers; got {bad!r}.")
+    return tuple(str(a) for a in raw)
 
 
 def normalize_base_url(url: str) -> str:
@@ -219,12 +286,15 @@ class VLLMServeBackend(TokenEngineBackend):
 
     @classmethod
     def protocol_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
-        """The options that bear on what is generated: none of the connection settings (`CONNECTION_OPTIONS`)."""
+        """The options that bear on what is generated: none of the connection or launch settings
+        (`CONNECTION_OPTIONS`)."""
         return {k: v for k, v in options.items() if k not in CONNECTION_OPTIONS}
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(options)
         self.settings = ServeOptions.from_mapping(self.options)
+        # a launched server runs at the model group's dtype (vllm_launch), so hf_model_kwargs.dtype is used
+        self.uses_model_dtype = self.settings.launch
         self.served_model: str | None = None
         self.server_version: str | None = None
         self.retries = 0
@@ -284,6 +354,11 @@ class VLLMServeBackend(TokenEngineBackend):
     def _discover_model(self, model_name_or_path: str | None) -> str:
         payload = self._request("GET", "/v1/models")
         ids = [str(m.get("id")) for m in payload.get("data", []) if isinstance(m, Mapping)]
+        if self.settings.launch and model_name_or_path not in ids:  # launched: served under the model reference
+            raise ValueError(
+                f"The launched server at {self.settings.base_url} serves {ids}, not this job's model "
+                f"{model_name_or_path!r}: one launched server serves one model. Fix: run one sweep per model."
+            )
         if len(ids) == 1:
             return ids[0]
         if model_name_or_path in ids:

@@ -1,0 +1,145 @@
+"""backend.options.launch=true on real vLLM: one launched server runs a CAA sweep of the app like backend=vllm, and
+no server process outlives the sweep (success, a failed job, Ctrl-C).
+
+Each sweep is `python -m steer_hydra --multirun` in a subprocess (offline, logger=none) on the tiny head-dim-64
+model in float32, with a CAA arm whose vector is given (a file; vllm_serve does not fit vectors). Sweeps that do
+not depend on each other run at the same time to keep the file short.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from vllm_real import HIDDEN, TINY64
+
+from steer_hydra.backends.vllm_launch import group_alive
+from steer_hydra.controls.state.vectors import SteeringVector
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
+SWEEP_TIMEOUT_S = 600
+ARM = """# @package arm
+defaults:
+  - /control@controls.caa: caa
+name: {name}
+controls:
+  caa:
+    data: null
+    steering_vector: {vector}
+    layer_id: 1
+    multiplier: 8.0
+"""
+LAUNCH = ["backend=vllm_serve", "backend.options.launch=true", "backend.options.launch_args=[--max-model-len,512]"]
+ENGINE = ["backend=vllm", "backend.options.max_model_len=512"]
+KEY = ["arm", "seed", "task", "sample_id"]
+
+
+@pytest.fixture(scope="module")
+def conf(tmp_path_factory) -> Path:
+    """A config dir with arm `caa_given` (a random vector for the tiny64 model) and `caa_broken` (a vector of the
+    wrong width: the job raises when it steers)."""
+    root = tmp_path_factory.mktemp("conf")
+    generator = torch.Generator().manual_seed(0)
+    for name, width in (("caa_given", HIDDEN), ("caa_broken", HIDDEN // 2)):
+        vector = SteeringVector(torch.randn(width, generator=generator), layer=1).save(root / f"{name}.safetensors")
+        (root / "arm").mkdir(exist_ok=True)
+        (root / "arm" / f"{name}.yaml").write_text(ARM.format(name=name, vector=vector))
+    return root
+
+
+def _sweep(cwd: Path, conf: Path, *args: str) -> subprocess.Popen:
+    """Start `python -m steer_hydra --multirun ...` in `cwd`, in a session of its own; output to `cwd/out.log`."""
+    cwd.mkdir(parents=True)
+    command = [sys.executable, "-m", "steer_hydra", "--multirun", "model=tiny", f"model.model_name_or_path='{TINY64}'"]
+    command += ["+model.hf_model_kwargs.dtype=float32", "suite.limit=2", "suite.generate_overrides.max_tokens=8"]
+    command += ["progress=false", "logger=none", f"hydra.searchpath=[file://{conf}]", *args]
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    env.update(WANDB_MODE="offline", HYDRA_FULL_ERROR="0")
+    env.pop("PYTEST_CURRENT_TEST", None)
+    with open(cwd / "out.log", "w") as log:
+        return subprocess.Popen(command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _finish(process: subprocess.Popen, cwd: Path) -> str:
+    try:
+        process.wait(timeout=SWEEP_TIMEOUT_S)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    return (cwd / "out.log").read_text()
+
+
+def _sweep_dir(cwd: Path) -> Path:
+    (sweep,) = (cwd / "outputs" / "default" / "multiruns").iterdir()
+    return sweep
+
+
+def _server_state(cwd: Path, *, ready: bool = False, within: float = SWEEP_TIMEOUT_S) -> dict:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        for path in (cwd / "outputs").rglob("vllm_server.json") if (cwd / "outputs").is_dir() else ():
+            state = json.loads(path.read_text())
+            if not ready or state.get("ready_after_s") is not None:
+                return state
+        time.sleep(0.5)
+    log = (cwd / "out.log").read_text()
+    raise AssertionError(f"no {'ready ' if ready else ''}vllm_server.json under {cwd}:\n{log[-4000:]}")
+
+
+def _wait_for(log: Path, text: str, within: float = 120.0) -> None:
+    deadline = time.monotonic() + within
+    while text not in log.read_text():
+        assert time.monotonic() < deadline, f"{text!r} not in {log} after {within}s:\n{log.read_text()[-4000:]}"
+        time.sleep(0.2)
+
+
+def _gone(pgid: int, within: float = 60.0) -> bool:
+    deadline = time.monotonic() + within
+    while group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return not group_alive(pgid)
+
+
+def test_one_launched_server_runs_the_sweep_like_the_engine_and_stops_with_it(tmp_path, conf):
+    # greedy: the seed does not change a completion, so the engine runs seed 1 only (each of its jobs boots an engine)
+    served = _sweep(tmp_path / "serve", conf, "arm=baseline,caa_given", "seed=1,2", *LAUNCH)
+    engine = _sweep(tmp_path / "engine", conf, "arm=baseline,caa_given", "seed=1", *ENGINE)
+    out_served, out_engine = _finish(served, tmp_path / "serve"), _finish(engine, tmp_path / "engine")
+    assert served.returncode == 0, out_served[-4000:]
+    assert engine.returncode == 0, out_engine[-4000:]
+    state = _server_state(tmp_path / "serve")
+    assert out_served.count(f"ready at {state['base_url']}") == 1 and _gone(state["pid"], within=0)
+    records = [json.loads(p.read_text()) for p in _sweep_dir(tmp_path / "serve").glob("*/job_record.json")]
+    assert len(records) == 4 and not any("base_url" in o for r in records for o in r["overrides"])
+    samples = pd.read_csv(_sweep_dir(tmp_path / "serve") / "aggregate" / "samples.csv")
+    expected = pd.read_csv(_sweep_dir(tmp_path / "engine") / "aggregate" / "samples.csv")
+    assert len(samples) == 2 * len(expected) > 0
+    both = samples.merge(expected.drop(columns="seed"), on=KEY[:1] + KEY[2:], suffixes=("", "_engine"))
+    assert len(both) == len(samples)
+    differ = both[both["completion"] != both["completion_engine"]]
+    assert differ.empty, differ[[*KEY, "completion", "completion_engine"]].to_string()
+    by_arm = samples.pivot_table(index=KEY[1:], columns="arm", values="completion", aggfunc="first")
+    assert (by_arm["baseline"] != by_arm["caa_given"]).any()  # the vector reached the server
+
+
+def test_a_failed_job_and_ctrl_c_mid_sweep_leave_no_server(tmp_path, conf):
+    failing = _sweep(tmp_path / "fail", conf, "arm=caa_broken", "seed=1", *LAUNCH)
+    interrupted = _sweep(tmp_path / "interrupt", conf, "arm=baseline,caa_given", "seed=1,2", *LAUNCH)
+    state = _server_state(tmp_path / "interrupt", ready=True)
+    _wait_for(tmp_path / "interrupt" / "out.log", "backend=vllm_serve: ")  # the first job is connected
+    time.sleep(0.5)
+    os.killpg(interrupted.pid, signal.SIGINT)  # what Ctrl-C sends: the sweep's whole process group
+    out = _finish(interrupted, tmp_path / "interrupt")
+    assert interrupted.returncode != 0 and not list(_sweep_dir(tmp_path / "interrupt").glob("3_*")), out[-4000:]
+    assert _gone(state["pid"]), out[-4000:]
+    out = _finish(failing, tmp_path / "fail")
+    assert failing.returncode != 0 and "hidden size is 256" in out, out[-4000:]
+    assert _gone(_server_state(tmp_path / "fail")["pid"]), out[-4000:]
