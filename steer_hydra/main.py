@@ -7,7 +7,6 @@ command line and of secret env vars are replaced by `***` in whatever Python wri
 from __future__ import annotations
 
 import sys
-import warnings
 from typing import Any
 
 import hydra
@@ -19,9 +18,6 @@ from steer_hydra.app.schema import register_configs
 from steer_hydra.app.secrets import Redactor
 
 register_configs()
-# `hydra/launcher=ray` is our YAML over hydra-ray-launcher's config of the same name, which Hydra then uses as its
-# schema (wanted: a misspelt key is refused) while warning that this matching by name is deprecated.
-warnings.filterwarnings("ignore", message=r"\s*'hydra/launcher/ray' is validated against ConfigStore schema")
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")

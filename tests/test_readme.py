@@ -22,7 +22,7 @@ DOCS = ROOT / "docs"
 SMALL = ["logger=none", "suite.limit=1", "suite.generate_overrides.max_tokens=4", "progress=false"]
 # commands that need a GPU, the Hub, a cluster or a long time: composed and planned, not run
 NOT_OFFLINE = ("llama", "qwen", "smollm2-135m", "suite=capability", "suite=instruction_following", "submitit_slurm",
-               "backend=vllm", "experiment=concept_steering")  # fmt: skip
+               "hydra/launcher=ray", "backend=vllm", "experiment=concept_steering")  # fmt: skip
 PYTHONS = ("python", "python3", ".venv/bin/python", ".venv-vllm/bin/python")
 
 
@@ -47,7 +47,10 @@ def _blocks(language: str) -> list[tuple[Path, str]]:
 
 
 def normalize(args: list[str]) -> list[str]:
-    """The interpreter spelled `python` whatever its venv: the same command in two files is one command."""
+    """The interpreter spelled `python` whatever its venv, without leading `NAME=value` environment assignments: the
+    same command in two files is one command."""
+    while args and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", args[0]):
+        args = args[1:]
     return ["python", *args[1:]] if args[0] in PYTHONS else args
 
 
@@ -74,9 +77,12 @@ def _doc_commands() -> list[list[str]]:
 
 def kind(args: list[str]) -> str:
     """What the test does with a documented command: run | compose | view | inspect_eval | aggregate | study |
-    rescore | setup | pytest (this suite itself: nothing) | unknown."""
+    rescore | setup | cluster (`ray start` on a cluster's nodes: the CLI must exist) | pytest (this suite itself:
+    nothing) | unknown."""
     if args[0].startswith("scripts/"):
         return "setup"
+    if args[:2] == ["ray", "start"]:
+        return "cluster"
     if args[:2] == ["inspect", "view"]:
         return "view"
     if args[:2] == ["inspect", "eval"]:
@@ -101,6 +107,8 @@ def test_every_documented_command_is_one_the_test_knows():
     assert not unknown, f"Documented commands this test cannot run or check: {unknown}. Fix: teach tests/test_readme.py"
     missing = [shlex.join(c) for c in found if kind(c) == "setup" and not os.access(ROOT / c[0], os.X_OK)]
     assert not missing, f"Documented scripts that are missing or not executable: {missing}"
+    if any(kind(c) == "cluster" for c in found):  # the launchers extra installs the `ray` command beside Python
+        assert Path(sys.executable).with_name("ray").exists(), "pip install 'steer_hydra[launchers]' installs ray"
 
 
 def test_readme_starts_with_the_two_commands():
@@ -241,6 +249,7 @@ def test_documented_rescore_commands_parse_and_name_a_judge():
 def test_documented_commands_that_need_a_gpu_or_the_hub_compose_and_plan():
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import open_dict
 
     from steer_hydra.app.plan import JobPlan
     from steer_hydra.app.schema import register_configs
@@ -251,11 +260,13 @@ def test_documented_commands_that_need_a_gpu_or_the_hub_compose_and_plan():
         if kind(args) != "compose":
             continue
         overrides = [a.split(",")[0] if "," in a and not a.endswith("]") else a for a in args[3:]]
-        overrides = [o for o in overrides if not o.startswith(("--", "hydra"))]
+        overrides = [o for o in overrides if not o.startswith("--")]
         GlobalHydra.instance().clear()
         try:
             with initialize_config_module(config_module="steer_hydra.conf", version_base="1.3"):
-                cfg = compose("config", overrides=overrides)
+                cfg = compose("config", overrides=overrides, return_hydra_config=True)  # the launcher's keys too
+            with open_dict(cfg):
+                del cfg["hydra"]
             JobPlan.from_config(cfg)  # every config mistake that needs no model
         except Exception as error:
             raise AssertionError(f"{shlex.join(args)}: {error}") from error

@@ -24,6 +24,7 @@ import os
 import sys
 import tempfile
 import typing
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Optional  # noqa: UP035  (OmegaConf needs typing.Optional/Dict/List)
@@ -282,6 +283,9 @@ def register_configs() -> None:
     """Store the schemas (idempotent): the primary schema and one per group for user-defined options; register the
     directory resolvers `config.yaml` uses."""
     register_resolvers()
+    # `hydra/launcher=ray` is our YAML over hydra-ray-launcher's config of the same name, which Hydra then uses as its
+    # schema (wanted: a misspelt key is refused) while warning that this matching by name is deprecated.
+    warnings.filterwarnings("ignore", message=r"\s*'hydra/launcher/ray' is validated against ConfigStore schema")
     store = ConfigStore.instance()
     store.store(name=SCHEMA_NAME, node=AppConfig)
     for group, node in (
