@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# Stop the one-node SLURM cluster that scripts/slurm_start.sh started (jobs, slurmd, slurmctld, its munged).
+# Stop the one-node SLURM cluster that scripts/slurm_start.sh started (jobs, slurmd, slurmctld, slurmdbd, its
+# MariaDB server, its munged).
 #
 # Usage:  scripts/slurm_stop.sh [--keep-munge] [STATE_DIR]
 #
 # STATE_DIR defaults to $SLURM_CLUSTER_DIR, else /tmp/steer_hydra-slurm. Cancels the cluster's jobs, stops
 # slurmd and slurmctld by the pids in STATE_DIR/slurmd.pid and STATE_DIR/slurmctld.pid (TERM, up to 10 s,
-# then KILL), ends any slurmstepd left by that slurmd, and stops munged only when slurm_start.sh started it
-# (STATE_DIR/munged.pid) unless --keep-munge is given. Leaves slurm.conf, state and logs in STATE_DIR.
+# then KILL), ends any slurmstepd left by that slurmd, then stops slurmdbd (STATE_DIR/slurmdbd.pid, same) and the
+# MariaDB server (STATE_DIR/mariadb/mariadbd.pid; TERM, up to 30 s, then KILL), and stops munged only when
+# slurm_start.sh started it (STATE_DIR/munged.pid) unless --keep-munge is given. Only processes named in those
+# pid files (and the slurmstepd of this cluster) are touched; a system MariaDB or slurmdbd is left alone.
+# Leaves slurm.conf, slurmdbd.conf, state, the accounting database and logs in STATE_DIR.
 # Exits 0, also when nothing runs.
 set -euo pipefail
 
@@ -41,17 +45,17 @@ alive_pid() {
     [[ -n "$2" ]] && [[ "$(cat "/proc/$2/comm" 2>/dev/null)" == "$1" ]] && alive "$2"
 }
 
-# stop_pid NAME PID: TERM, wait up to 10 s, then KILL and wait up to 5 s more.
+# stop_pid NAME PID [SECONDS]: TERM, wait up to SECONDS (default 10), then KILL and wait up to 5 s more.
 stop_pid() {
-    local name="$1" pid="$2"
+    local name="$1" pid="$2" wait_s="${3:-10}"
     alive_pid "${name}" "${pid}" || return 0
     log "stopping ${name} (pid ${pid})"
     kill -TERM "${pid}" 2>/dev/null || true
-    for _ in $(seq 1 100); do
+    for _ in $(seq 1 $((wait_s * 10))); do
         alive_pid "${name}" "${pid}" || return 0
         sleep 0.1
     done
-    log "${name} (pid ${pid}) ignored TERM for 10 s: KILL"
+    log "${name} (pid ${pid}) ignored TERM for ${wait_s} s: KILL"
     kill -KILL "${pid}" 2>/dev/null || true
     for _ in $(seq 1 50); do
         alive_pid "${name}" "${pid}" || return 0
@@ -70,6 +74,8 @@ pid_from() {
 status=0
 ctld_pid="$(pid_from "${dir}/slurmctld.pid")"
 slurmd_pid="$(pid_from "${dir}/slurmd.pid")"
+dbd_pid="$(pid_from "${dir}/slurmdbd.pid")"
+db_pid="$(pid_from "${dir}/mariadb/mariadbd.pid")"
 
 # Cancel the jobs first so that their slurmstepd and job processes end cleanly.
 if [[ -f "${conf}" ]] && alive_pid slurmctld "${ctld_pid}"; then
@@ -139,6 +145,12 @@ fi
 
 stop_pid slurmctld "${ctld_pid}" || status=1
 rm -f "${dir}/slurmd.pid" "${dir}/slurmctld.pid"
+
+# Accounting after slurmctld, which hands slurmdbd its last job records when it stops.
+stop_pid slurmdbd "${dbd_pid}" || status=1
+rm -f "${dir}/slurmdbd.pid"
+stop_pid mariadbd "${db_pid}" 30 || status=1
+rm -f "${dir}/mariadb/mariadbd.pid"
 
 if ((!keep_munge)) && [[ -f "${dir}/munged.pid" ]]; then
     stop_pid munged "$(pid_from "${dir}/munged.pid")" || status=1
