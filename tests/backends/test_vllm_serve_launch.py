@@ -40,13 +40,31 @@ controls:
 LAUNCH = ["backend=vllm_serve", "backend.options.launch=true", "backend.options.launch_args=[--max-model-len,512]"]
 ENGINE = ["backend=vllm", "backend.options.max_model_len=512"]
 KEY = ["arm", "seed", "task", "sample_id"]
+# A test callback that holds job 1 of a sweep (after writing `marker`), so Ctrl-C lands mid-sweep whatever the timing.
+HOLD = """
+import time
+from pathlib import Path
+
+from hydra.experimental.callback import Callback
+
+
+class Hold(Callback):
+    def __init__(self, marker):
+        self.marker = marker
+
+    def on_job_start(self, config, **kwargs):
+        if int(config.hydra.job.num) == 1:
+            Path(self.marker).write_text("")
+            time.sleep(300)
+"""
 
 
 @pytest.fixture(scope="module")
 def conf(tmp_path_factory) -> Path:
     """A config dir with arm `caa_given` (a random vector for the tiny64 model) and `caa_broken` (a vector of the
-    wrong width: the job raises when it steers)."""
+    wrong width: the job raises when it steers), and the `Hold` callback's module (`holdjob.py`, on PYTHONPATH)."""
     root = tmp_path_factory.mktemp("conf")
+    (root / "holdjob.py").write_text(HOLD)
     generator = torch.Generator().manual_seed(0)
     for name, width in (("caa_given", HIDDEN), ("caa_broken", HIDDEN // 2)):
         vector = SteeringVector(torch.randn(width, generator=generator), layer=1).save(root / f"{name}.safetensors")
@@ -62,7 +80,9 @@ def _sweep(cwd: Path, conf: Path, *args: str) -> subprocess.Popen:
     command += ["+model.hf_model_kwargs.dtype=float32", "suite.limit=2", "suite.generate_overrides.max_tokens=8"]
     command += ["progress=false", "logger=none", f"hydra.searchpath=[file://{conf}]", *args]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
-    env.update(WANDB_MODE="offline", HYDRA_FULL_ERROR="0")
+    env.update(
+        WANDB_MODE="offline", HYDRA_FULL_ERROR="0", PYTHONPATH=os.pathsep.join([str(conf), env.get("PYTHONPATH", "")])
+    )
     env.pop("PYTEST_CURRENT_TEST", None)
     with open(cwd / "out.log", "w") as log:
         return subprocess.Popen(command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -94,10 +114,10 @@ def _server_state(cwd: Path, *, ready: bool = False, within: float = SWEEP_TIMEO
     raise AssertionError(f"no {'ready ' if ready else ''}vllm_server.json under {cwd}:\n{log[-4000:]}")
 
 
-def _wait_for(log: Path, text: str, within: float = 120.0) -> None:
+def _wait_for_file(path: Path, within: float = SWEEP_TIMEOUT_S) -> None:
     deadline = time.monotonic() + within
-    while text not in log.read_text():
-        assert time.monotonic() < deadline, f"{text!r} not in {log} after {within}s:\n{log.read_text()[-4000:]}"
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} did not appear within {within}s"
         time.sleep(0.2)
 
 
@@ -132,10 +152,11 @@ def test_one_launched_server_runs_the_sweep_like_the_engine_and_stops_with_it(tm
 
 def test_a_failed_job_and_ctrl_c_mid_sweep_leave_no_server(tmp_path, conf):
     failing = _sweep(tmp_path / "fail", conf, "arm=caa_broken", "seed=1", *LAUNCH)
-    interrupted = _sweep(tmp_path / "interrupt", conf, "arm=baseline,caa_given", "seed=1,2", *LAUNCH)
+    held = tmp_path / "job_1_started"
+    hold = ["+hydra.callbacks.hold._target_=holdjob.Hold", f"+hydra.callbacks.hold.marker={held}"]
+    interrupted = _sweep(tmp_path / "interrupt", conf, "arm=baseline,caa_given", "seed=1,2", *LAUNCH, *hold)
     state = _server_state(tmp_path / "interrupt", ready=True)
-    _wait_for(tmp_path / "interrupt" / "out.log", "backend=vllm_serve: ")  # the first job is connected
-    time.sleep(0.5)
+    _wait_for_file(held)  # job 0 ran on the server; job 1 is held
     os.killpg(interrupted.pid, signal.SIGINT)  # what Ctrl-C sends: the sweep's whole process group
     out = _finish(interrupted, tmp_path / "interrupt")
     assert interrupted.returncode != 0 and not list(_sweep_dir(tmp_path / "interrupt").glob("3_*")), out[-4000:]
