@@ -536,14 +536,17 @@ def model_shape(plain: Mapping[str, Any]) -> tuple[int, int | None, str] | None:
 
 # ---------------------------------------------------------------------------------------------- control layers
 def _control_layers(slot: str, node: Mapping[str, Any]) -> list[tuple[str, int, list[int]]]:
-    """`(config key, layer, heads)` of every decoder layer a state control's args name: `layer_id` (CAA, ActAdd)
-    and `head_config` (PASTA: a list of layers, or `{layer: [heads]}`). Malformed entries are left to the control's
-    own validation."""
+    """`(config key, layer, heads)` of every decoder layer a state control's args name: `layer_id` (CAA, ActAdd),
+    `layers` (directional ablation: a list of layers) and `head_config` (PASTA: a list of layers, or
+    `{layer: [heads]}`). Malformed entries are left to the control's own validation."""
     base = f"arm.controls.{slot}"
     found: list[tuple[str, int, list[int]]] = []
     layer_id = node.get("layer_id")
     if isinstance(layer_id, int) and not isinstance(layer_id, bool):
         found.append((f"{base}.layer_id", layer_id, []))
+    layers = node.get("layers")
+    if isinstance(layers, list):
+        found.extend((f"{base}.layers", layer, []) for layer in map(_as_int, layers) if layer is not None)
     head_config = node.get("head_config")
     if isinstance(head_config, Mapping):
         for key, heads in head_config.items():

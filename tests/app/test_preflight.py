@@ -38,6 +38,10 @@ BAD_COMMANDS = [
     (["arm=caa", "arm.controls.caa.layer_id=40"], ["arm.controls.caa.layer_id=40 is out of range", "2 decoder layers"]),
     (["arm=pasta", "arm.controls.pasta.head_config=[0,7]"], ["arm.controls.pasta.head_config names layer 7"]),
     (
+        ["arm=directional_ablation", "arm.controls.ablation.layers=[0,5]"],
+        ["arm.controls.ablation.layers names layer 5", "2 decoder layers"],
+    ),
+    (
         ["arm=pasta", "~arm.controls.pasta.head_config", "+arm.controls.pasta.head_config={1:[0,9]}"],
         ["arm.controls.pasta.head_config names heads [9] of layer 1", "4 attention heads per layer"],
     ),

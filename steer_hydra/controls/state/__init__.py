@@ -1,6 +1,8 @@
-"""State controls: hooks on attention and the residual stream during a call (PASTA, CAA, ActAdd). The contrastive
-datasets the concept configs fit vectors from are concept files, read by `steer_hydra.tasks.concepts`."""
+"""State controls: hooks on attention and the residual stream during a call (PASTA, CAA, ActAdd,
+DirectionalAblation). The contrastive datasets the concept configs fit vectors from are concept files, read by
+`steer_hydra.tasks.concepts`."""
 
+from steer_hydra.controls.state.ablation import DirectionalAblation
 from steer_hydra.controls.state.actadd import ActAdd
 from steer_hydra.controls.state.caa import CAA
 from steer_hydra.controls.state.pasta import PASTA
@@ -10,5 +12,6 @@ __all__ = [
     "CAA",
     "PASTA",
     "ActAdd",
+    "DirectionalAblation",
     "SteeringVector",
 ]

@@ -115,18 +115,9 @@ class CAA(LayerVectorControl):
         return None
 
     def _fit(self, model: torch.nn.Module, tokenizer: Any, layout: ModelLayout, layer: int) -> SteeringVector:
-        key = _fit_key(model, tokenizer, layer, self.data, self.prompt_format, self.accumulate)
-        if key is not None and key in _FITTED:
-            logger.info("CAA vector reused: fitted earlier in this process on the same model, layer and pairs")
-            return _FITTED[key]
-        vector = fit_mean_difference(
+        return fitted_mean_difference(
             model, tokenizer, layout, layer, self.data, self.prompt_format, self.batch_size, self.accumulate
         )
-        if key is not None:
-            _FITTED[key] = vector
-            while len(_FITTED) > _FITTED_MAX:
-                _FITTED.pop(next(iter(_FITTED)))
-        return vector
 
     # ------------------------------------------------------------------ per call
     def residual_addition(self) -> ResidualAddition | None:
@@ -247,6 +238,29 @@ def _fit_key(
         return None
     tokenizer_id = [getattr(tokenizer, "name_or_path", None), getattr(tokenizer, "chat_template", None)]
     return canonical_json([model_fingerprint(model), tokenizer_id, layer, pairs, prompt_format, accumulate])
+
+
+def fitted_mean_difference(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    layout: ModelLayout,
+    layer: int,
+    pairs: Sequence[Mapping[str, Any]],
+    prompt_format: str,
+    batch_size: int,
+    accumulate: str = "last_token",
+) -> SteeringVector:
+    """`fit_mean_difference` through the in-process memo (`_FITTED`): every control that fits from pairs shares it."""
+    key = _fit_key(model, tokenizer, layer, pairs, prompt_format, accumulate)
+    if key is not None and key in _FITTED:
+        logger.info("Mean-difference vector reused: fitted earlier in this process on the same model, layer and pairs")
+        return _FITTED[key]
+    vector = fit_mean_difference(model, tokenizer, layout, layer, pairs, prompt_format, batch_size, accumulate)
+    if key is not None:
+        _FITTED[key] = vector
+        while len(_FITTED) > _FITTED_MAX:
+            _FITTED.pop(next(iter(_FITTED)))
+    return vector
 
 
 def fit_mean_difference(
