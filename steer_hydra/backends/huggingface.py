@@ -69,6 +69,15 @@ class HFBackend(Backend):
         ensure_pad_token(tokenizer, model)
         self.model, self.tokenizer = model, tokenizer
 
+    def load_auxiliary_model(self, reference: str) -> torch.nn.Module:
+        """Load `reference` (a built-in `steer_hydra:` reference, Hub id or path) onto the model's device and dtype."""
+        if self.model is None:
+            raise RuntimeError("Load the model before an auxiliary model (HFBackend.load).")
+        dtype = next(self.model.parameters()).dtype
+        logger.info("Loading auxiliary model %s", reference)
+        aux = AutoModelForCausalLM.from_pretrained(resolve_model_reference(reference), dtype=dtype)
+        return aux.to(self.device).eval()
+
     def _generate_kwargs(
         self,
         input_ids: torch.Tensor,

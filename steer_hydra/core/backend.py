@@ -169,8 +169,19 @@ class Backend(ABC):
         return control.requirements()
 
     def steer_control(self, control: Any, tokenizer: Any, **steer_kwargs: Any) -> Any:
-        """Prepare one enabled control after `load()` (default: the control's `steer()` on the live model)."""
-        return control.steer(self.model, tokenizer=tokenizer, backend=self.kind, **steer_kwargs)
+        """Prepare one enabled control after `load()` (default: the control's `steer()` on the live model, with
+        `load_model`, this backend's `load_auxiliary_model`, for a control that needs a second model)."""
+        return control.steer(
+            self.model, tokenizer=tokenizer, backend=self.kind, load_model=self.load_auxiliary_model, **steer_kwargs
+        )
+
+    def load_auxiliary_model(self, reference: str) -> torch.nn.Module:
+        """A second causal LM (e.g. a contrastive decoding amateur) loaded beside the model, in this process, with
+        the model's device and dtype. Backends without an in-process model refuse."""
+        raise RuntimeError(
+            f"Backend {self.kind!r} cannot load a second model ({reference!r}) in this process. "
+            "Fix: use backend=huggingface."
+        )
 
     def ready(self) -> None:
         """Called once every control is prepared, before any generation: a backend that starts its engine only

@@ -31,9 +31,13 @@ def test_defaults_are_the_offline_smollm2_baseline_on_smoke(compose_cfg):
     assert cfg.logger.kind.value == "wandb" and cfg.logger.mode.value == "auto"
 
 
+# control options with a required (`???`) argument, and the value the test gives it on the tiny model
+REQUIRED_CONTROL_ARGS = {"contrastive_decoding": ["arm.controls.slot.amateur='steer_hydra:tiny?seed=1&hidden_size=32'"]}
+
+
 @pytest.mark.parametrize("option", options("control"))
 def test_every_control_option_instantiates(compose_cfg, option):
-    cfg = compose_cfg([f"+control@arm.controls.slot={option}"])
+    cfg = compose_cfg([f"+control@arm.controls.slot={option}", *REQUIRED_CONTROL_ARGS.get(option, [])])
     (control,) = build_controls(cfg.arm.controls)
     assert isinstance(control, BaseControl)
     model, tokenizer = build_tiny_model()

@@ -1,6 +1,7 @@
 """Output controls: stopping rules, logits processors and decoding drivers (search, reranking)."""
 
 from steer_hydra.controls.output.best_of_n import BestOfN
+from steer_hydra.controls.output.contrastive import ContrastiveDecoding, ContrastiveLogitsProcessor
 from steer_hydra.controls.output.deal import DeAL
 from steer_hydra.controls.output.scorers import MajorityVoteScorer
 from steer_hydra.controls.output.search import (
@@ -16,6 +17,8 @@ from steer_hydra.controls.output.stopping_rules import StoppingRules
 __all__ = [
     "BestOfN",
     "Candidate",
+    "ContrastiveDecoding",
+    "ContrastiveLogitsProcessor",
     "DeAL",
     "Frontier",
     "MajorityVoteScorer",
