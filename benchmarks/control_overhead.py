@@ -1,4 +1,5 @@
-"""Generate time of each state control relative to the unsteered pipeline, measured side by side in one run.
+"""Generate time of each state control (and of contrastive decoding) relative to the unsteered pipeline, measured
+side by side in one run.
 
     .venv/bin/python benchmarks/control_overhead.py   # widened tiny model (8 layers, hidden 256), batch 8, 32 tokens
     .venv/bin/python benchmarks/control_overhead.py --model steer_hydra:tiny --repeats 9
@@ -10,6 +11,11 @@ round, each repeat runs every arm once, in a shuffled order (the machine may be 
 median and the fastest seconds per generate call, each with its ratio to the unsteered arm (on a busy
 machine the fastest run is the steadier figure). ActAdd does not batch, so its row is what the provider pays
 for the same prompts (`--batch` calls of batch 1), with its batch-1 ratio alongside.
+
+DirectionalAblation projects a given random unit direction out at every layer (its three hooks per layer are the
+cost; a fitted direction costs the same per call). ContrastiveDecoding runs its amateur beside the model at every
+step: `--amateur` (default: the stock tiny model, seed 1, when `--model` is a tiny one; it must share the model's
+vocabulary) names it, and without one for another model its row is left out.
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ from collections.abc import Callable
 
 import torch
 
-from steer_hydra.controls.state import CAA, PASTA, ActAdd
+from steer_hydra.controls.output import ContrastiveDecoding
+from steer_hydra.controls.state import CAA, PASTA, ActAdd, DirectionalAblation
 from steer_hydra.core import ModelSource, SteeringPipeline
 from steer_hydra.core.layout import ModelLayout, resolve_layout
 
@@ -37,18 +44,23 @@ QUESTIONS = [
     "what is two plus three",
     "describe the moon in a short sentence",
 ]
+TINY_AMATEUR = "steer_hydra:tiny?seed=1"  # 2 layers, hidden 64: the tiny tokenizer, a quarter of the default's width
 HIGHLIGHT = ["one word", "five", "cat", "yes or no", "rivers", "sea", "two plus three", "moon"]
 
 
-def _arms(layout: ModelLayout) -> dict[str, Callable[[], list]]:
+def _arms(layout: ModelLayout, amateur: str | None) -> dict[str, Callable[[], list]]:
     layers, hidden, middle = layout.num_layers, layout.hidden_size, layout.num_layers // 2
-    return {
+    arms = {
         "unsteered": lambda: [],
         "PASTA (1 layer, all heads)": lambda: [PASTA(head_config=[middle], alpha=0.01, scale_position="exclude")],
         "PASTA (every layer)": lambda: [PASTA(head_config=list(range(layers)), alpha=0.01, scale_position="exclude")],
         "CAA": lambda: [CAA(steering_vector=torch.randn(hidden), layer_id=middle, multiplier=4.0)],
         "ActAdd": lambda: [ActAdd(positive_prompt="Love", negative_prompt="Hate", multiplier=4.0)],
+        "DirectionalAblation (all)": lambda: [DirectionalAblation(direction_vector=torch.randn(hidden))],
     }
+    if amateur:
+        arms["ContrastiveDecoding"] = lambda: [ContrastiveDecoding(amateur=amateur)]
+    return arms
 
 
 def _pipeline(args: argparse.Namespace, controls: list) -> SteeringPipeline:
@@ -85,18 +97,24 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument(
+        "--amateur", default=None, help="ContrastiveDecoding's amateur (default: a tiny one for a tiny --model)"
+    )
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave the default)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
 
+    amateur = args.amateur
+    if amateur is None and args.model.startswith("steer_hydra:tiny"):
+        amateur = TINY_AMATEUR
     chats = [[{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}] for i in range(args.batch)]
     substrings = [[HIGHLIGHT[i % len(HIGHLIGHT)]] for i in range(args.batch)]
     probe = _pipeline(args, [])
     layout = resolve_layout(probe.model)
     probe.release()
     torch.manual_seed(0)
-    pipelines = {name: _pipeline(args, build()) for name, build in _arms(layout).items()}
+    pipelines = {name: _pipeline(args, build()) for name, build in _arms(layout, amateur).items()}
     one_chat, one_substrings = chats[:1], substrings[:1]
 
     times: dict[str, list[float]] = {name: [] for name in pipelines}
@@ -119,7 +137,8 @@ def main() -> None:
     print(
         f"model={args.model} device={args.device} dtype={args.dtype} attn={args.attn} "
         f"layers={layout.num_layers} heads={layout.num_heads} hidden={layout.hidden_size} "
-        f"batch={args.batch} new_tokens={args.new_tokens} repeats={args.repeats} threads={torch.get_num_threads()}"
+        f"batch={args.batch} new_tokens={args.new_tokens} repeats={args.repeats} threads={torch.get_num_threads()} "
+        f"amateur={amateur}"
     )
     print(f"{'arm':<30}{'median s/call':>15}{'ratio':>9}{'min s/call':>13}{'ratio':>9}")
     for name, values in times.items():
