@@ -85,7 +85,22 @@ def _sweep(cwd: Path, conf: Path, *args: str) -> subprocess.Popen:
     )
     env.pop("PYTEST_CURRENT_TEST", None)
     with open(cwd / "out.log", "w") as log:
-        return subprocess.Popen(command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            command,
+            cwd=cwd,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_ctrl_c_interrupts,
+        )
+
+
+def _ctrl_c_interrupts() -> None:
+    """In the sweep's process before it starts Python: SIGINT back to its default, so Python raises KeyboardInterrupt
+    on it. A shell without job control starts background commands (a CI step run with `&`) with SIGINT ignored, and
+    Python keeps an ignored SIGINT ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _finish(process: subprocess.Popen, cwd: Path) -> str:
