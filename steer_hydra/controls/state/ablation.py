@@ -10,7 +10,12 @@ from typing import Any, Literal
 
 import torch
 
-from steer_hydra.controls.state.caa import DEFAULT_DEPTH, fitted_mean_difference, validate_pairs
+from steer_hydra.controls.state.caa import (
+    DEFAULT_DEPTH,
+    fitted_mean_difference,
+    validate_pairs,
+    validate_token_scope,
+)
 from steer_hydra.controls.state.layer_vector import apply_direction
 from steer_hydra.controls.state.residual import (
     check_hidden_size,
@@ -95,13 +100,7 @@ class DirectionalAblation(StateControl):
                     )
                 if len(set(self.layers)) != len(self.layers):
                     raise ValueError(f"{name}.layers lists a layer twice: {list(self.layers)}. Fix: list each once.")
-            if self.token_scope == "last_k" and (self.last_k is None or self.last_k < 1):
-                raise ValueError(f"{name}.last_k must be an int >= 1 with token_scope='last_k'; got {self.last_k!r}.")
-            if self.token_scope != "last_k" and self.last_k is not None:
-                raise ValueError(
-                    f"{name}.last_k={self.last_k} is only used with token_scope='last_k'; got "
-                    f"token_scope={self.token_scope!r}. Fix: drop last_k or set token_scope='last_k'."
-                )
+            validate_token_scope(name, self.token_scope, self.last_k)
             if self.direction_seed < 0:
                 raise ValueError(f"{name}.direction_seed must be >= 0; got {self.direction_seed}.")
             if self.batch_size < 1:

@@ -94,13 +94,7 @@ class CAA(LayerVectorControl):
                 raise ValueError(f"CAA.layer_id must be >= 0 (a decoder layer index); got {self.layer_id}.")
             if not math.isfinite(self.multiplier):
                 raise ValueError(f"CAA.multiplier must be finite; got {self.multiplier!r}.")
-            if self.token_scope == "last_k" and (self.last_k is None or self.last_k < 1):
-                raise ValueError(f"CAA.last_k must be an int >= 1 with token_scope='last_k'; got {self.last_k!r}.")
-            if self.token_scope != "last_k" and self.last_k is not None:
-                raise ValueError(
-                    f"CAA.last_k={self.last_k} is only used with token_scope='last_k'; "
-                    f"got token_scope={self.token_scope!r}. Drop last_k or set token_scope='last_k'."
-                )
+            validate_token_scope("CAA", self.token_scope, self.last_k)
             if self.batch_size < 1:
                 raise ValueError(f"CAA.batch_size must be >= 1; got {self.batch_size}.")
 
@@ -182,6 +176,17 @@ def _as_direction(tensor: torch.Tensor) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------- fitting
+def validate_token_scope(owner: str, token_scope: str, last_k: int | None) -> None:
+    """`last_k` is an int >= 1 exactly when `token_scope` is `last_k` (the scope rule CAA and ablation share)."""
+    if token_scope == "last_k" and (last_k is None or last_k < 1):
+        raise ValueError(f"{owner}.last_k must be an int >= 1 with token_scope='last_k'; got {last_k!r}.")
+    if token_scope != "last_k" and last_k is not None:
+        raise ValueError(
+            f"{owner}.last_k={last_k} is only used with token_scope='last_k'; got token_scope={token_scope!r}. "
+            "Fix: drop last_k or set token_scope='last_k'."
+        )
+
+
 def validate_pairs(pairs: Sequence[Mapping[str, Any]], field_name: str) -> None:
     """Raise ValueError naming the first malformed contrastive pair."""
     if not pairs:
