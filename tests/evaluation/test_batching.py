@@ -311,7 +311,9 @@ def test_leader_cancelled_mid_flight_still_completes_the_batch(backend):
 
     anyio.run(main, backend=backend)
     assert len(pipeline.calls) == 1 and pipeline.sizes() == [3]
-    assert records[0].output is not None and records[0].done.is_set()
+    # the dispatch sets every member's output before it wakes any: the cancelled leader's is there once the others
+    # returned (its wake-up may land after the loop ended, when nobody awaits it, so `done` is not checked)
+    assert records[0].output is not None
     assert int(outputs[1].output_ids[0, 0]) == 1 and int(outputs[2].output_ids[0, 0]) == 2
 
 
