@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from transformers import (
     AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
     AutoTokenizer,
     LogitsProcessorList,
     StoppingCriteriaList,
@@ -69,14 +70,21 @@ class HFBackend(Backend):
         ensure_pad_token(tokenizer, model)
         self.model, self.tokenizer = model, tokenizer
 
-    def load_auxiliary_model(self, reference: str) -> torch.nn.Module:
-        """Load `reference` (a built-in `steer_hydra:` reference, Hub id or path) onto the model's device and dtype."""
+    def load_auxiliary_model(
+        self, reference: str, *, head: str = "causal_lm", with_tokenizer: bool = False
+    ) -> torch.nn.Module | tuple[torch.nn.Module, Any]:
+        """Load `reference` (a built-in `steer_hydra:` reference, Hub id or path) onto the model's device and dtype,
+        as a causal LM or (`head="sequence_classification"`) a sequence classifier; with its tokenizer on request."""
         if self.model is None:
             raise RuntimeError("Load the model before an auxiliary model (HFBackend.load).")
+        auto = {"causal_lm": AutoModelForCausalLM, "sequence_classification": AutoModelForSequenceClassification}
+        if head not in auto:
+            raise ValueError(f"HFBackend.load_auxiliary_model: unknown head {head!r}. Fix: one of {sorted(auto)}.")
         dtype = next(self.model.parameters()).dtype
-        logger.info("Loading auxiliary model %s", reference)
-        aux = AutoModelForCausalLM.from_pretrained(resolve_model_reference(reference), dtype=dtype)
-        return aux.to(self.device).eval()
+        path = resolve_model_reference(reference)
+        logger.info("Loading auxiliary model %s (%s)", reference, head)
+        aux = auto[head].from_pretrained(path, dtype=dtype).to(self.device).eval()
+        return (aux, AutoTokenizer.from_pretrained(path)) if with_tokenizer else aux
 
     def _generate_kwargs(
         self,

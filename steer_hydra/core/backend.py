@@ -175,9 +175,13 @@ class Backend(ABC):
             self.model, tokenizer=tokenizer, backend=self.kind, load_model=self.load_auxiliary_model, **steer_kwargs
         )
 
-    def load_auxiliary_model(self, reference: str) -> torch.nn.Module:
-        """A second causal LM (e.g. a contrastive decoding amateur) loaded beside the model, in this process, with
-        the model's device and dtype. Backends without an in-process model refuse."""
+    def load_auxiliary_model(
+        self, reference: str, *, head: str = "causal_lm", with_tokenizer: bool = False
+    ) -> torch.nn.Module | tuple[torch.nn.Module, Any]:
+        """A second model loaded beside the model, in this process, with the model's device and dtype: a causal LM
+        (`head="causal_lm"`, e.g. a contrastive decoding amateur) or a sequence classifier
+        (`head="sequence_classification"`, e.g. a reward model). `with_tokenizer=True` returns `(model, tokenizer)`
+        with the reference's own tokenizer. Backends without an in-process model refuse."""
         raise RuntimeError(
             f"Backend {self.kind!r} cannot load a second model ({reference!r}) in this process. "
             "Fix: use backend=huggingface."

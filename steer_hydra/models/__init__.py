@@ -5,6 +5,7 @@ from steer_hydra.models.smollm2 import INSTALL_COMMAND, SMOLLM2_REF, is_smollm2_
 from steer_hydra.models.tiny import (
     TINY_BASE_REF,
     TINY_REF,
+    TINY_REWARD_REF,
     TinySpec,
     build_tiny_model,
     build_tiny_tokenizer,
@@ -18,6 +19,7 @@ __all__ = [
     "SMOLLM2_REF",
     "TINY_BASE_REF",
     "TINY_REF",
+    "TINY_REWARD_REF",
     "TinySpec",
     "build_tiny_model",
     "build_tiny_tokenizer",

