@@ -1,36 +1,38 @@
-"""vLLM general plugin (worker side): adds each request's residual additions inside the engine, per token.
+"""vLLM general plugin (worker side): applies each request's residual-stream edits inside the engine, per token.
 
 Registered under the `vllm.general_plugins` entry point, so vLLM calls `register()` in each of its processes;
 it does nothing unless `STEER_HYDRA_VLLM_STEERING=1` (backend=vllm sets it for its engine; a server is started
 with it: `STEER_HYDRA_VLLM_STEERING=1 VLLM_USE_V2_MODEL_RUNNER=0 vllm serve MODEL --enforce-eager`). It hooks vLLM's
 V1 model runner, which vLLM 0.32 runs only with `VLLM_USE_V2_MODEL_RUNNER=0` where Triton is importable. When
-on, it wraps the worker's `load_model` so that, once the model is loaded, `install(model_runner)` puts three kinds
+on, it wraps the worker's `load_model` so that, once the model is loaded, `install(model_runner)` puts four kinds
 of hooks on it:
 
 - a forward pre-hook on the model builds the step's plan from the requests of the persistent batch in order
   (`input_batch.req_ids`), their token ranges in the flat batch (`query_start_loc`), their positions (the
   model's `positions` argument) and their `SamplingParams.extra_args` (see `vllm_steering` for the wire format);
-- a forward pre-hook (site `input`) and a forward hook (site `output`) on every decoder layer apply the plan
-  entries of their (layer, site), looked up in a dict built once per step (nothing when the step is unsteered).
+- a forward pre-hook (site `input`) and a forward hook (site `output`) on every decoder layer, and a forward hook
+  (site `attention`) on each layer's attention module, apply the plan entries of their (layer, site), looked up in
+  a dict built once per step (nothing when the step is unsteered).
 
 The plan is built in two parts. What depends on the batch's composition (each request's payload and starts, in
 batch order) is a `Composition`, rebuilt only when that tuple changes (a request admitted or finished, a payload
-changed): every addition is an entry (request, start, span length, block or not, first row in one stacked
-table of the batch's distinct rows) of a group (layer, site, preserve_norm and the addition's rank among its
-request's additions there, so two additions at one site apply in turn), entries stored group after group as
-tensors. What depends on the token ranges, the flat (entry, token of its request) pairs, is cached for ranges
-seen the step before (a steady decode phase). Per step, a handful of vectorized ops then select the pairs whose
-position lies in their entry's span (`position - start` in `[0, length)`), give each its table row (`first +
-(position - start)` for a block, `first` otherwise), gather those rows in one op (up to `_GATHER_AT_ONCE` values;
-past it each layer gathers its own) and split them by group: no per-token and, beyond reading each request's
-extra_args, no per-request Python. The positions are read on the CPU (one copy, a device sync, per steered
-step); the plan's indices and rows go to the model's device once per step.
+changed): every edit is an entry (request, start, span length, block or not, first row in one stacked table of the
+batch's distinct rows) of a group (layer, site, operation and the edit's rank among its request's edits there, so
+two edits at one site apply in turn), entries stored group after group as tensors. The operations: `add` (an
+addition), `add_norm` (an addition that keeps each stream's norm) and `project` (the component along a unit row
+removed, `h <- h - (h.r) r`: directional ablation). What depends on the token ranges, the flat (entry, token of its
+request) pairs, is cached for ranges seen the step before (a steady decode phase). Per step, a handful of
+vectorized ops then select the pairs whose position lies in their entry's span (`position - start` in
+`[0, length)`), give each its table row (`first + (position - start)` for a block, `first` otherwise), gather those
+rows in one op (up to `_GATHER_AT_ONCE` values; past it each layer gathers its own) and split them by group: no
+per-token and, beyond reading each request's extra_args, no per-request Python. The positions are read on the CPU
+(one copy, a device sync, per steered step); the plan's indices and rows go to the model's device once per step.
 
 vLLM decoder layers take and return `(hidden_states, residual)`: the residual stream is their sum (the next
-norm adds them). The addition goes into `hidden_states` out of place (never an in-place write on an inference
-tensor); norm preservation rescales the whole stream `hidden + residual`, not `hidden` alone. Requests without
-additions (and padding rows) are untouched. Hooks inside a torch.compile'd model would be traced once, so
-steering needs eager mode (`enforce_eager=True`).
+norm adds them). An edit goes into `hidden_states` out of place (never an in-place write on an inference tensor);
+norm preservation rescales, and a projection reads, the whole stream `hidden + residual`, not `hidden` alone (at
+the `attention` site, the attention output itself). Requests without edits (and padding rows) are untouched.
+Hooks inside a torch.compile'd model would be traced once, so steering needs eager mode (`enforce_eager=True`).
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ def register() -> None:
 
 @dataclass(frozen=True, slots=True)
 class Addition:
-    """One parsed addition of the wire format (rows as a float32 tensor)."""
+    """One parsed edit of the wire format (rows as a float32 tensor)."""
 
     layer: int
     site: str
@@ -117,14 +119,21 @@ def request_spec(xargs: Mapping[str, Any] | None) -> Spec:
     return xargs[XARGS_KEY], tuple(xargs.get(XARGS_START) or ())
 
 
+def operation(addition: Addition) -> str:
+    """The edit's operation: `project`, `add_norm` (an addition keeping the stream's norm) or `add`."""
+    if addition.mode == "project":
+        return "project"
+    return "add_norm" if addition.preserve_norm else "add"
+
+
 @dataclass(frozen=True, slots=True)
 class Steer:
-    """One step's work at one (layer, site): add `table[row_index]` (`table` itself when `row_index` is None) to
-    the stream at flat tokens `index`."""
+    """One step's work at one (layer, site): apply `op` with `table[row_index]` (`table` itself when `row_index` is
+    None) to the stream at flat tokens `index`."""
 
     layer: int
     site: str
-    preserve_norm: bool
+    op: str
     index: torch.Tensor
     row_index: torch.Tensor | None
     table: torch.Tensor
@@ -133,30 +142,40 @@ class Steer:
     def rows(self) -> torch.Tensor:
         return self.table if self.row_index is None else self.table.index_select(0, self.row_index)
 
+    @property
+    def preserve_norm(self) -> bool:
+        return self.op == "add_norm"
+
+    def apply(self, hidden: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        """`hidden` after this work (out of place); the stream is `hidden + residual`."""
+        if self.op == "project":
+            return project_rows(hidden, residual, self.index, self.rows)
+        return add_rows(hidden, residual, self.index, self.rows, self.op == "add_norm")
+
 
 class Composition:
-    """What the requests of a batch add, independent of a step's positions and token ranges.
+    """What the requests of a batch edit, independent of a step's positions and token ranges.
 
-    Every addition of every request is an entry of a group (layer, site, preserve_norm, slot), the slot being the
-    addition's rank among the request's additions of the same (layer, site, preserve_norm), so a group holds at most
-    one addition per request and same-site additions of one request apply one after another. Entries are stored
+    Every edit of every request is an entry of a group (layer, site, operation, slot), the slot being the edit's
+    rank among the request's edits of the same (layer, site, operation), so a group holds at most one edit per
+    request and same-site edits of one request apply one after another. Entries are stored
     group after group as tensors (request, start, length, block or not, first row in `table`, group), `table`
     stacking the rows of each distinct parsed addition once.
     """
 
     def __init__(self, specs: Sequence[Spec], num_layers: int) -> None:
-        groups: dict[tuple[int, str, bool, int], list[tuple[int, int, Addition]]] = {}
+        groups: dict[tuple[int, str, str, int], list[tuple[int, int, Addition]]] = {}
         for request, (payload, starts) in enumerate(specs):
             if payload is None:
                 continue
             additions = parse(payload)
             if len(starts) != len(additions):
                 raise ValueError(f"{XARGS_START} has {len(starts)} entries for {len(additions)} additions.")
-            seen: dict[tuple[int, str, bool], int] = {}
+            seen: dict[tuple[int, str, str], int] = {}
             for addition, start in zip(additions, starts, strict=True):
                 if not 0 <= addition.layer < num_layers:
                     raise ValueError(f"Steering layer {addition.layer} is out of range (the model has {num_layers}).")
-                site = (addition.layer, addition.site, addition.preserve_norm)
+                site = (addition.layer, addition.site, operation(addition))
                 seen[site] = slot = seen.get(site, -1) + 1
                 groups.setdefault((*site, slot), []).append((request, int(start), addition))
         self.groups = list(groups)
@@ -217,8 +236,8 @@ class Composition:
         else:
             pieces = zip(index.split(sizes), rows.split(sizes), [table] * len(sizes), strict=True)
         return [
-            Steer(layer, site, preserve, *piece)
-            for (layer, site, preserve, _), size, piece in zip(self.groups, sizes, pieces, strict=True)
+            Steer(layer, site, op, *piece)
+            for (layer, site, op, _), size, piece in zip(self.groups, sizes, pieces, strict=True)
             if size
         ]
 
@@ -250,6 +269,19 @@ def add_rows(
     return hidden.index_copy(0, index, steered - rest)
 
 
+def project_rows(
+    hidden: torch.Tensor, residual: torch.Tensor | None, index: torch.Tensor, rows: torch.Tensor
+) -> torch.Tensor:
+    """`hidden` with each stream at flat positions `index` stripped of its component along the unit row it gets
+    (`s <- s - (s.r) r`, the stream being `hidden + residual`), out of place."""
+    index = index.to(hidden.device)
+    rows = rows.to(device=hidden.device, dtype=hidden.dtype)
+    stream = hidden.index_select(0, index)
+    if residual is not None:
+        stream = stream + residual.index_select(0, index)
+    return hidden.index_add(0, index, -(stream * rows).sum(-1, keepdim=True) * rows)
+
+
 class SteeringHooks:
     """The hooks of one model runner: a per-step plan and its application at each decoder layer."""
 
@@ -261,6 +293,7 @@ class SteeringHooks:
         self.composition: Composition | None = None  # the last batch's, reused while its specs stay the same
         self.specs: tuple[Spec, ...] = ()
         self.steps = 0  # forwards that steered at least one token (for tests and logs)
+        self.no_attention: set[int] = set()  # layers without an attention module found (no `attention` site)
 
     def before_model(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         self.plan, self.at = [], {}
@@ -280,6 +313,11 @@ class SteeringHooks:
         bounds = np.minimum(self.runner.query_start_loc.np[: num_reqs + 1], positions.shape[-1]).astype(np.int64)
         self.plan = self.composition.plan(bounds[:-1], bounds[1:], positions)
         for steer in self.plan:
+            if steer.site == "attention" and steer.layer in self.no_attention:
+                raise RuntimeError(
+                    f"steer_hydra steering: decoder layer {steer.layer} has no attention module (self_attn) to edit "
+                    "at site 'attention'. Fix: run this control on backend=huggingface."
+                )
             self.at.setdefault((steer.layer, steer.site), []).append(steer)
         self.steps += bool(self.plan)
 
@@ -291,7 +329,7 @@ class SteeringHooks:
         hidden = args[1] if len(args) > 1 else kwargs["hidden_states"]
         residual = args[2] if len(args) > 2 else kwargs.get("residual")
         for steer in steers:
-            hidden = add_rows(hidden, residual, steer.index, steer.rows, steer.preserve_norm)
+            hidden = steer.apply(hidden, residual)
         if len(args) > 1:
             args[1] = hidden
         else:
@@ -304,7 +342,16 @@ class SteeringHooks:
             return None
         hidden, residual = (output[0], output[1]) if isinstance(output, tuple) else (output, None)
         for steer in steers:
-            hidden = add_rows(hidden, residual, steer.index, steer.rows, steer.preserve_norm)
+            hidden = steer.apply(hidden, residual)
+        return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
+
+    def after_attention(self, layer: int, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+        steers = self.at.get((layer, "attention"))
+        if not steers:
+            return None
+        hidden = output[0] if isinstance(output, tuple) else output
+        for steer in steers:
+            hidden = steer.apply(hidden, None)
         return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
 
 
@@ -320,6 +367,15 @@ def decoder_layers(model: torch.nn.Module, expected: int | None) -> torch.nn.Mod
     if not found:
         raise ValueError(f"No decoder-layer ModuleList found in {type(model).__name__}; steering cannot install.")
     return max(found, key=lambda item: len(item[1]))[1]
+
+
+def attention_module(layer: torch.nn.Module) -> torch.nn.Module | None:
+    """A decoder layer's attention block (`self_attn` in vLLM's Llama-family layers), None when it has none."""
+    for name in ("self_attn", "attn", "attention"):
+        module = getattr(layer, name, None)
+        if isinstance(module, torch.nn.Module):
+            return module
+    return None
 
 
 def install(runner: Any) -> SteeringHooks | None:
@@ -349,6 +405,11 @@ def install(runner: Any) -> SteeringHooks | None:
     for index, layer in enumerate(layers):
         layer.register_forward_pre_hook(functools.partial(hooks.before_layer, index), with_kwargs=True)
         layer.register_forward_hook(functools.partial(hooks.after_layer, index), with_kwargs=True)
+        attention = attention_module(layer)
+        if attention is not None:
+            attention.register_forward_hook(functools.partial(hooks.after_attention, index), with_kwargs=True)
+        else:
+            hooks.no_attention.add(index)
     setattr(model, _MARK, hooks)
     logger.info("steer_hydra steering hooks on %d decoder layers of %s", len(layers), type(model).__name__)
     return hooks

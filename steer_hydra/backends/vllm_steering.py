@@ -1,19 +1,19 @@
-"""State controls lowered to vLLM: residual-stream additions (CAA, ActAdd) carried per request to the engine.
+"""State controls lowered to vLLM: residual-stream edits (CAA, ActAdd, DirectionalAblation) carried per request.
 
-A state control that declares `adds_residual` (its whole effect is one fixed `ResidualAddition` to a decoder
-layer's residual stream: CAA at the layer's output from a token-scope start, ActAdd as a positional block at the
-layer's input) is bound at `steer()` on a model skeleton built on the meta device from the checkpoint's config (no
-weights; the vector must be given, since fitting needs hidden states), and lowered per call to the addition its
-`residual_addition()` returns. Each prompt row then carries the additions in `SamplingParams.extra_args`
-(offline) or `vllm_xargs` (server) under `steer_hydra` (the additions as JSON: layer, site, mode, rows) and
-`steer_hydra_start` (one start position per addition, from the row's prompt length), plus a `cache_salt` naming
-the steering, so steered and unsteered requests never share prefix-cache blocks. The worker side
-(`steer_hydra.backends.vllm_plugin`) maps the flat token batch to requests and adds the rows.
+A state control that declares `adds_residual` (its whole effect is fixed `ResidualAddition` edits of decoder layers'
+residual streams: CAA adds at a layer's output from a token-scope start, ActAdd a positional block at a layer's
+input, DirectionalAblation projects one direction out of each layer's streams) is bound at `steer()` on a model
+skeleton built on the meta device from the checkpoint's config (no weights; a vector to fit comes fitted, see
+`engine_fit`), and lowered per call to the edits its `residual_edits()` returns. Each prompt row then carries them
+in `SamplingParams.extra_args` (offline) or `vllm_xargs` (server) under `steer_hydra` (the edits as JSON: layer,
+site, mode, rows) and `steer_hydra_start` (one start position per edit, from the row's prompt length), plus a
+`cache_salt` naming the steering, so steered and unsteered requests never share prefix-cache blocks. The worker
+side (`steer_hydra.backends.vllm_plugin`) maps the flat token batch to requests and applies the edits.
 
-Nothing here imports vLLM: lowering and the wire format are unit-tested on a CPU. The added rows are the
-control's own (the tensor its hooks add), so normalisation, strength units and sanity directions match the
-Hugging Face path exactly. PASTA (attention scores) and fitted vectors stay on backend=huggingface: `check()`
-says so.
+Nothing here imports vLLM: lowering and the wire format are unit-tested on a CPU. The rows are the control's own
+(the tensor its hooks add, the unit direction they project out), so normalisation, strength units and sanity
+directions match the Hugging Face path exactly. PASTA (attention scores) stays on backend=huggingface, and so do
+vectors to fit on vllm_serve: `check()` says so.
 """
 
 from __future__ import annotations
@@ -129,9 +129,10 @@ def bind(control: Any, skeleton: torch.nn.Module, tokenizer: Any, backend_kind: 
     control.steer(skeleton, tokenizer=tokenizer, backend=backend_kind, **steer_kwargs)
 
 
-def lower(control: StateControl) -> ResidualAddition | None:
-    """The addition a bound control makes on every request (None when it adds nothing, e.g. at multiplier 0)."""
-    return control.residual_addition()
+def lower(control: StateControl) -> tuple[ResidualAddition, ...]:
+    """The edits a bound control makes on every request, in order (none when it changes nothing, e.g. CAA at
+    multiplier 0)."""
+    return tuple(control.residual_edits())
 
 
 def encoded(additions: Sequence[ResidualAddition]) -> tuple[str, str]:
@@ -220,8 +221,8 @@ class EngineSteering:
     def state_hooks(self, control: Any, input_ids: torch.Tensor, runtime_kwargs: Mapping[str, Any], **kwargs: Any):
         if not is_lowerable(control):
             return control.get_hooks(input_ids, runtime_kwargs, **kwargs)
-        addition = lower(control)
-        return {ENGINE_HOOK_KEY: [addition]} if addition is not None else {}
+        edits = lower(control)
+        return {ENGINE_HOOK_KEY: list(edits)} if edits else {}
 
     @contextlib.contextmanager
     def applied(self, hooks: Sequence[Mapping[str, Any]]) -> Iterator[None]:

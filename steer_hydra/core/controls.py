@@ -19,8 +19,9 @@ layer read about it:
   `steer_hydra.backends.refill`), so slot refill may run it;
 - `RUNTIME_KWARGS_SCHEMA`: the per-call or per-row arguments it reads;
 - `vector_hash`: the content hash of a steering vector it uses beyond its Args (None when none);
-- state controls only: `adds_residual` with `residual_addition()`, when the control's whole effect is one fixed
-  addition to a decoder layer's residual stream, so a backend that runs no hooks (vLLM) can apply it itself.
+- state controls only: `adds_residual` with `residual_edits()` (or `residual_addition()` for one), when the
+  control's whole effect is fixed edits of decoder layers' residual streams (additions, projections), so a backend
+  that runs no hooks (vLLM) can apply them itself.
 """
 
 from __future__ import annotations
@@ -226,12 +227,15 @@ class InputControl(BaseControl):
 
 @dataclass(frozen=True, slots=True)
 class ResidualAddition:
-    """A fixed addition to one decoder layer's residual stream, the same on every call and every prompt row.
+    """A fixed edit of one decoder layer's residual stream, the same on every call and every prompt row: an
+    addition, or the projection of one direction out of it.
 
     Attributes:
         layer: decoder layer index.
-        site: `output` (after the layer) or `input` (before it).
-        mode: `from` (row 0 added at every position >= the start) or `block` (row t added at position start + t).
+        site: `output` (after the layer), `input` (before it) or `attention` (the attention block's output, before
+            it joins the stream).
+        mode: `from` (row 0 added at every position >= the start), `block` (row t added at position start + t) or
+            `project` (row 0 is a unit direction r; `h <- h - (h.r) r` at every position >= the start).
         rows: `[R, hidden]` float32 on the CPU, at strength (any multiplier, normalisation or unit applied).
         scope: how the start follows from a prompt's length: `after_prompt` (the first generated token), `all`,
             `last_k` (the prompt's last `last_k` tokens and after) or `position` (`offset` tokens after the first
@@ -240,8 +244,8 @@ class ResidualAddition:
     """
 
     layer: int
-    site: Literal["output", "input"]
-    mode: Literal["from", "block"]
+    site: Literal["output", "input", "attention"]
+    mode: Literal["from", "block", "project"]
     rows: torch.Tensor
     scope: Literal["after_prompt", "all", "last_k", "position"]
     last_k: int = 0
@@ -262,9 +266,9 @@ class ResidualAddition:
 class StateControl(BaseControl):
     """Changes the model's internal state during a call through hooks the backend registers and removes.
 
-    A control whose whole effect is one fixed `ResidualAddition` (CAA, ActAdd) sets `adds_residual` and
-    implements `residual_addition()`: a backend without a live model applies that addition itself instead of
-    the hooks.
+    A control whose whole effect is fixed `ResidualAddition` edits sets `adds_residual` and implements
+    `residual_addition()` (one addition: CAA, ActAdd) or `residual_edits()` (several, e.g. DirectionalAblation's
+    projections): a backend without a live model applies those edits itself instead of the hooks.
     """
 
     category = "state"
@@ -281,6 +285,12 @@ class StateControl(BaseControl):
             f"{type(self).__name__} does not declare adds_residual: its effect is not one fixed residual-stream "
             "addition. Fix: run it on backend=huggingface (hooks)."
         )
+
+    def residual_edits(self) -> tuple[ResidualAddition, ...]:
+        """Every edit this control makes on every call once steered, in application order (default: its one
+        `residual_addition()`, none when that is None)."""
+        addition = self.residual_addition()
+        return () if addition is None else (addition,)
 
 
 class OutputControl(BaseControl):

@@ -25,7 +25,7 @@ from vllm_real import (
 
 from steer_hydra.backends.lowering import sampling_fields
 from steer_hydra.backends.vllm_steering import lower, steering_fields
-from steer_hydra.controls.state import CAA
+from steer_hydra.controls.state import CAA, ActAdd
 from steer_hydra.core import GenerationParams, SteeringPipeline
 from steer_hydra.evaluation import ProviderOptions, as_inspect_model
 
@@ -37,10 +37,10 @@ pytestmark = [
 ]
 
 
-ACTIVE = [(), ("CAA",), ("ActAdd",), ("CAA", "ActAdd")]
+ACTIVE = [(), ("CAA",), ("ActAdd",), ("CAA", "ActAdd"), ("DirectionalAblation",), ("CAA", "DirectionalAblation")]
 
 
-@pytest.mark.parametrize("active", ACTIVE, ids=["plain", "caa", "actadd", "both"])
+@pytest.mark.parametrize("active", ACTIVE, ids=["plain", "caa", "actadd", "both", "ablation", "caa+ablation"])
 def test_greedy_outputs_agree_with_hugging_face_unsteered_and_steered(
     tiny64_hf, tiny64_engine, active, record_property
 ):
@@ -60,7 +60,7 @@ def test_a_batch_mixing_steered_and_unsteered_requests_gives_each_row_what_it_ge
     backend, tokenizer = tiny64_engine._backend, tiny64_engine.tokenizer
     prompts = chat_prompts(tokenizer)
     caa = next(c for c in tiny64_engine.state_controls if isinstance(c, CAA))
-    addition = lower(caa)
+    (addition,) = lower(caa)
     params = GenerationParams.from_kwargs(max_new_tokens=16)
     fields = [
         sampling_fields(params) | (steering_fields([addition], len(p)) if i % 2 == 0 else {})
@@ -132,7 +132,7 @@ def test_an_inspect_eval_through_the_provider_scores_like_hugging_face(
 
 def test_a_request_admitted_while_others_decode_gets_only_its_own_steering(tiny64_engine):
     backend, prompts = tiny64_engine._backend, chat_prompts(tiny64_engine.tokenizer)
-    caa, actadd = (lower(c) for c in tiny64_engine.state_controls)
+    (caa,), (actadd,) = (lower(c) for c in tiny64_engine.state_controls if isinstance(c, (CAA, ActAdd)))
     long = sampling_fields(GenerationParams.from_kwargs(max_new_tokens=64, min_new_tokens=64))
     short = sampling_fields(GenerationParams.from_kwargs(max_new_tokens=8))
     first = [(prompts[0], long), (prompts[1], long | steering_fields([caa], len(prompts[1])))]

@@ -1,5 +1,6 @@
 """backend=vllm with a vector still to fit, on a real vLLM engine: fitted on the Hugging Face model of the same
-checkpoint before the engine starts, cached, then steering inside the engine as the same CAA does on Hugging Face.
+checkpoint before the engine starts, cached, then steering inside the engine as the same CAA and DirectionalAblation
+do on Hugging Face.
 Its own module, so its engine starts after the shared one of test_vllm_engine.py is released."""
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ from __future__ import annotations
 import pytest
 from vllm_real import ENGINE_OPTIONS, MIN_AGREEMENT, TINY64, agreement, generate, rows, steered
 
-from steer_hydra.controls.state import CAA
+from steer_hydra.controls.state import CAA, DirectionalAblation
 from steer_hydra.core import BackendSpec
 
 pytestmark = [
@@ -23,16 +24,20 @@ PAIRS = [
 ]
 
 
-def test_a_vector_fitted_for_the_engine_steers_like_the_same_caa_on_hugging_face(
+def test_vectors_fitted_for_the_engine_steer_like_the_same_controls_on_hugging_face(
     tmp_path, monkeypatch, record_property
 ):
-    monkeypatch.setenv("STEER_HYDRA_CACHE", str(tmp_path))  # the fitted vector (and the tiny checkpoint) go here
-    args = {"data": PAIRS, "layer_id": 1, "multiplier": 4.0}
-    with steered(TINY64, [CAA(**args)]) as hf:
-        expected = rows(hf, generate(hf, ("CAA",)))
+    monkeypatch.setenv("STEER_HYDRA_CACHE", str(tmp_path))  # the fitted vectors (and the tiny checkpoint) go here
+
+    def controls():
+        return [CAA(data=PAIRS, layer_id=1, multiplier=4.0), DirectionalAblation(data=PAIRS, layer_id=1)]
+
+    with steered(TINY64, controls()) as hf:
+        expected = {name: rows(hf, generate(hf, (name,))) for name in ("CAA", "DirectionalAblation")}
         unsteered = rows(hf, generate(hf))
-    with steered(TINY64, [CAA(**args)], BackendSpec("vllm", ENGINE_OPTIONS)) as engine:
-        served = rows(engine, generate(engine, ("CAA",)))
-    assert agreement("offline fitted CAA", expected, served, record_property) >= MIN_AGREEMENT
-    assert served != unsteered  # the fitted vector really steers
-    assert len(list((tmp_path / "vectors").glob("*.safetensors"))) == 1
+    with steered(TINY64, controls(), BackendSpec("vllm", ENGINE_OPTIONS)) as engine:
+        served = {name: rows(engine, generate(engine, (name,))) for name in expected}
+    for name in expected:
+        assert agreement(f"offline fitted {name}", expected[name], served[name], record_property) >= MIN_AGREEMENT
+        assert served[name] != unsteered  # the fitted vector really steers
+    assert len(list((tmp_path / "vectors").glob("*.safetensors"))) == 2  # one fit each, cached

@@ -278,7 +278,7 @@ def test_a_vector_to_fit_is_fitted_on_the_hf_model_before_the_engine_boots_and_c
     pipeline.release()
     reference = CAA(data=PAIRS, layer_id=1, multiplier=2.0)
     SteeringPipeline(TINY_REF, controls=[reference]).steer().release()  # fitted in process, on Hugging Face
-    assert torch.allclose(lower(caa).rows, reference.residual_addition().rows)
+    assert torch.allclose(lower(caa)[0].rows, reference.residual_addition().rows)
     assert len(list(vectors.glob("*.safetensors"))) == 1
 
     events.clear()

@@ -105,7 +105,9 @@ def client(server):
         yield pipeline
 
 
-@pytest.mark.parametrize("active", [(), ("CAA",), ("ActAdd",)], ids=["plain", "caa", "actadd"])
+@pytest.mark.parametrize(
+    "active", [(), ("CAA",), ("ActAdd",), ("DirectionalAblation",)], ids=["plain", "caa", "actadd", "ablation"]
+)
 def test_greedy_outputs_agree_with_hugging_face_unsteered_and_steered(tiny64_hf, client, active, record_property):
     expected, served = generate(tiny64_hf, active), generate(client, active)
     name = "+".join(active) or "unsteered"
@@ -117,7 +119,7 @@ def test_concurrent_steered_and_unsteered_requests_do_not_leak_into_each_other(t
     backend, tokenizer = client._backend, client.tokenizer
     prompts = chat_prompts(tokenizer)
     actadd = next(c for c in client.state_controls if isinstance(c, ActAdd))
-    addition = lower(actadd)
+    (addition,) = lower(actadd)
     params = GenerationParams.from_kwargs(max_new_tokens=16)
     fields = [
         sampling_fields(params) | (steering_fields([addition], len(p)) if i % 2 else {}) for i, p in enumerate(prompts)

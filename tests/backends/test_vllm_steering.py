@@ -49,23 +49,23 @@ def test_caa_lowers_to_its_own_delta_at_the_layer_output_with_a_start_per_scope(
     for scope, last_k, starts in (("after_prompt", None, (7, 3)), ("all", None, (0, 0)), ("last_k", 2, (5, 1))):
         caa = CAA(steering_vector=vector, layer_id=1, multiplier=3.0, token_scope=scope, last_k=last_k)
         bind(caa, skeleton, None, "vllm")
-        addition = lower(caa)
+        (addition,) = lower(caa)
         assert (addition.layer, addition.site, addition.mode) == (1, "output", "from")
         assert torch.allclose(addition.rows[0], 3.0 * vector)
         assert (addition.start(7), addition.start(3)) == starts
     normalized = CAA(steering_vector=vector, layer_id=0, multiplier=2.0, normalize_vector=True)
     bind(normalized, skeleton, None, "vllm")
-    assert lower(normalized).rows.norm().item() == pytest.approx(2.0)
+    assert lower(normalized)[0].rows.norm().item() == pytest.approx(2.0)
     silent = CAA(steering_vector=vector, layer_id=0, multiplier=0.0)
     bind(silent, skeleton, None, "vllm")
-    assert lower(silent) is None
+    assert lower(silent) == ()
 
 
 def test_actadd_lowers_to_a_positional_block_at_the_layer_input(skeleton):
     block = torch.randn(3, 64, generator=torch.Generator().manual_seed(0))
     actadd = ActAdd(steering_vector=block, layer_id=1, multiplier=-2.0, alignment=1, use_norm_preservation=True)
     bind(actadd, skeleton, None, "vllm")
-    addition = lower(actadd)
+    (addition,) = lower(actadd)
     assert (addition.layer, addition.site, addition.mode, addition.preserve_norm) == (1, "input", "block", True)
     assert torch.allclose(addition.rows, -2.0 * block)
     assert addition.start(10) == addition.start(2) == 1  # counted from the first prompt token, whatever its length
@@ -107,19 +107,36 @@ def test_wire_fields_carry_the_rows_exactly_and_salt_the_cache_per_steering():
 
 
 # ---------------------------------------------------------------------- the worker plugin
+def _linear(seed: int) -> torch.nn.Linear:
+    linear = torch.nn.Linear(HIDDEN, HIDDEN)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(HIDDEN, HIDDEN, generator=torch.Generator().manual_seed(seed)))
+    return linear
+
+
+class ToyAttention(torch.nn.Module):
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        self.linear = _linear(seed)
+
+    def forward(self, hidden_states):
+        return torch.tanh(self.linear(hidden_states))
+
+
 class ToyLayer(torch.nn.Module):
-    """vLLM's decoder-layer contract: the stream is hidden + residual; the output hidden is the block's delta."""
+    """vLLM's decoder-layer contract: the stream is hidden + residual; the output hidden is the block's delta. The
+    attention output joins the stream inside the layer (vLLM's fused add before the MLP)."""
 
     def __init__(self, seed: int) -> None:
         super().__init__()
-        self.linear = torch.nn.Linear(HIDDEN, HIDDEN)
-        with torch.no_grad():
-            self.linear.weight.copy_(torch.randn(HIDDEN, HIDDEN, generator=torch.Generator().manual_seed(seed)))
+        self.self_attn = ToyAttention(seed + 10)
+        self.linear = _linear(seed)
 
     def forward(self, positions, hidden_states, residual):
         residual = hidden_states if residual is None else hidden_states + residual
         mixed = residual + 0.1 * positions[:, None].float()
-        return torch.tanh(self.linear(mixed)), residual
+        residual = residual + self.self_attn(mixed)
+        return torch.tanh(self.linear(residual)), residual
 
 
 class ToyModel(torch.nn.Module):
@@ -389,3 +406,42 @@ def test_the_payload_is_encoded_once_per_distinct_additions_and_follows_their_co
     assert json.loads(other["vllm_xargs"][XARGS_KEY])[0]["rows"] == (rows + 1e-6).double().tolist()
     assert other["cache_salt"] != fields[0]["cache_salt"]
     assert steering_fields([first], 6)["cache_salt"] != fields[0]["cache_salt"]  # starts salt the cache too
+
+
+def test_projections_remove_the_direction_from_every_edited_stream_of_their_request_only(toy):
+    r = torch.randn(HIDDEN, generator=torch.Generator().manual_seed(7))
+    r = (r / r.norm())[None]
+    edits = [ResidualAddition(0, "input", "project", r, "last_k", last_k=2)]
+    for layer in range(3):
+        edits += [ResidualAddition(layer, "attention", "project", r, "last_k", last_k=2)]
+        edits += [ResidualAddition(layer, "output", "project", r, "last_k", last_k=2)]
+    install(_runner(toy, []))  # the steering hooks first: the recorders below run after them
+    seen = {}  # what each edited stream is, after the steering hooks
+    for i, layer in enumerate(toy.layers):
+        layer.register_forward_pre_hook(
+            lambda m, a, k, i=i: seen.__setitem__(("input", i), a[1] + (a[2] if a[2] is not None else 0)),
+            with_kwargs=True,
+        )
+        layer.self_attn.register_forward_hook(lambda m, a, o, i=i: seen.__setitem__(("attention", i), o))
+        layer.register_forward_hook(lambda m, a, o, i=i: seen.__setitem__(("output", i), o[0] + o[1]))
+    plain_model = copy.deepcopy(toy)
+    batch = [("a", [3, 4, 5, 6, 7], 0), ("b", [8, 9, 10], 0)]
+    steering = {"a": _xargs(edits, 5), "b": None}
+    out, hooks, _ = _step(toy, batch, steering)
+    assert {(s.layer, s.site, s.op) for s in hooks.plan} == {(e.layer, e.site, "project") for e in edits}
+    for key, stream in seen.items():
+        along = (stream @ r[0]).abs()
+        assert along[3:5].max() < 1e-5, key  # a's last 2 prompt positions: the direction is gone
+        assert along[:3].min() > 1e-4 and along[5:].min() > 1e-4, key  # a's earlier positions and b untouched
+    plain, _, _ = _step(plain_model, batch, {"a": None, "b": None})
+    assert torch.equal(out[5:], plain[5:]) and torch.equal(out[:3], plain[:3])
+    assert not torch.allclose(out[3:5], plain[3:5])
+    alone, _, _ = _step(copy.deepcopy(plain_model), batch[:1], steering)
+    assert torch.allclose(out[:5], alone, atol=1e-6)
+    hidden, residual, index = torch.randn(4, HIDDEN), torch.randn(4, HIDDEN), torch.tensor([0, 2])
+    with torch.inference_mode():
+        edited = vllm_plugin.project_rows(hidden, residual, index, r.expand(2, -1))
+    stream = hidden + residual
+    expected = stream[index] - (stream[index] @ r[0])[:, None] * r
+    assert torch.allclose((edited + residual)[index], expected, atol=1e-6)
+    assert torch.equal(edited[[1, 3]], hidden[[1, 3]])

@@ -19,7 +19,7 @@ from inspect_ai import eval as inspect_eval
 from inspect_ai.dataset import MemoryDataset, Sample
 from inspect_ai.scorer import includes
 
-from steer_hydra.controls.state import CAA, ActAdd
+from steer_hydra.controls.state import CAA, ActAdd, DirectionalAblation
 from steer_hydra.core import BackendSpec, SteeringPipeline
 from steer_hydra.core.tensors import strip_trailing
 from steer_hydra.evaluation import ProviderOptions, as_inspect_model
@@ -43,12 +43,14 @@ MIN_AGREEMENT = 0.9
 
 
 def steering_controls() -> list:
-    """A CAA (layer 1 output, after the prompt) and an ActAdd block (layer 1 input, from position 1), both given."""
+    """A CAA (layer 1 output, after the prompt), an ActAdd block (layer 1 input, from position 1) and a
+    DirectionalAblation (every layer and position), all given."""
     generator = torch.Generator().manual_seed(0)
     vector, block = torch.randn(HIDDEN, generator=generator), torch.randn(3, HIDDEN, generator=generator)
     return [
         CAA(steering_vector=vector, layer_id=1, multiplier=8.0),
         ActAdd(steering_vector=block, layer_id=1, multiplier=8.0, alignment=1),
+        DirectionalAblation(direction_vector=torch.randn(HIDDEN, generator=generator)),
     ]
 
 

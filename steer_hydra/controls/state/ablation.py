@@ -27,7 +27,7 @@ from steer_hydra.controls.state.residual import (
 )
 from steer_hydra.controls.state.vectors import SteeringVector
 from steer_hydra.core.capabilities import Capability
-from steer_hydra.core.controls import BaseArgs, HookSet, StateControl
+from steer_hydra.core.controls import BaseArgs, HookSet, ResidualAddition, StateControl
 from steer_hydra.core.layout import ModelLayout, resolve_layout
 
 logger = logging.getLogger(__name__)
@@ -46,9 +46,11 @@ class DirectionalAblation(StateControl):
     padded prompt length and the KV cache's past length, one column for every row of a left-packed batch.
 
     A position's projection reads only that position, so rows are independent (`supports_batching`), and decode
-    positions lie past a refill layout prompt as past a static one (`supports_refill`). The edit depends on each
-    hidden state, so it has no `ResidualAddition` form and vLLM's in-engine steering cannot run it: `check()`
-    refuses backend=vllm and vllm_serve (`IN_PROCESS_TORCH`), naming backend=huggingface.
+    positions lie past a refill layout prompt as past a static one (`supports_refill`). On the vLLM backends the
+    same projections run inside the engine (`adds_residual`: `residual_edits()` lists one `project` edit per hooked
+    stream, applied per request by the worker plugin beside CAA's additions); a direction to fit is fitted on the
+    Hugging Face model of the engine's checkpoint first (backend=vllm; a server cannot, so vllm_serve needs a given
+    `direction_vector`).
 
     Args:
         direction_vector: a `SteeringVector`, a `[hidden]` tensor, or the path of a vector saved with
@@ -108,12 +110,15 @@ class DirectionalAblation(StateControl):
 
     supports_batching = True
     supports_refill = True  # see the class docstring
+    adds_residual = True  # fixed projections: see `residual_edits`
+    FIT_FIELDS = ("data", "layer_id", "prompt_format", "accumulate")  # what a fitted direction depends on
 
     def _configure(self) -> None:
         self._layout: ModelLayout | None = None
         self._layers: tuple[int, ...] = ()
         self._vector: SteeringVector | None = None  # the unit direction projected out
         self._units: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+        self._fitted: SteeringVector | None = None  # the mean difference fitted at steer(), before `direction`
 
     def requirements(self) -> frozenset[Capability]:
         if self.direction_vector is None:  # fitted at steer() from hidden states
@@ -128,6 +133,19 @@ class DirectionalAblation(StateControl):
     @property
     def vector_hash(self) -> str | None:
         return self._vector.content_hash if self._vector is not None else None
+
+    @property
+    def fitted_vector(self) -> SteeringVector | None:
+        """The mean difference fitted at `steer()`, before `direction` and normalisation (None when given)."""
+        return self._fitted
+
+    def load_vector(self, path: Any) -> SteeringVector:
+        """A vector saved with `SteeringVector.save` (what an engine backend's cache of fitted vectors holds)."""
+        return SteeringVector.load(path)
+
+    def fit_identity(self) -> dict[str, Any]:
+        """What the fitted direction depends on besides the model: the control and its `FIT_FIELDS` arguments."""
+        return {"control": type(self).__name__, **{name: getattr(self, name) for name in self.FIT_FIELDS}}
 
     @property
     def ablated_layers(self) -> tuple[int, ...]:
@@ -150,13 +168,16 @@ class DirectionalAblation(StateControl):
                     f"{name}: layer {layer} is out of range; the model has {layout.num_layers} layers "
                     f"(0..{layout.num_layers - 1}). Fix: layers/layer_id within that range."
                 )
+        fitted = kwargs.get("fitted_vector")  # fitted elsewhere on the same checkpoint (an engine backend)
         if self.direction_vector is not None:
             given = SteeringVector.coerce(self.direction_vector, field_name=f"{name}.direction_vector")
+        elif fitted is not None:
+            given = self._fitted = fitted
         else:
             tokenizer = tokenizer if tokenizer is not None else self.tokenizer
             if tokenizer is None:
                 raise ValueError(f"{name} needs a tokenizer to fit its direction; pass one to steer().")
-            given = fitted_mean_difference(
+            given = self._fitted = fitted_mean_difference(
                 model, tokenizer, layout, fit_layer, self.data, self.prompt_format, self.batch_size, self.accumulate
             )
         tensor = given.tensor[0] if given.tensor.dim() == 2 and given.tensor.shape[0] == 1 else given.tensor
@@ -175,6 +196,24 @@ class DirectionalAblation(StateControl):
         self._units.clear()
         logger.info("%s at %d layer(s), %s direction %s", name, len(layers), self.direction, self.vector_hash[:12])
         return None
+
+    def residual_edits(self) -> tuple[ResidualAddition, ...]:
+        """The projections the hooks make, as engine edits: per ablated layer its input (unless the layer before is
+        ablated), its attention output and its output, from `token_scope`'s start."""
+        if self._vector is None:
+            raise RuntimeError(f"{type(self).__name__}.residual_edits called before steer(); steer the pipeline first.")
+        rows = self._vector.tensor.float().cpu().reshape(1, -1)
+        ablated = set(self._layers)
+
+        def edit(layer: int, site: str) -> ResidualAddition:
+            return ResidualAddition(layer, site, "project", rows, self.token_scope, last_k=self.last_k or 0)
+
+        edits: list[ResidualAddition] = []
+        for layer in self._layers:
+            if layer - 1 not in ablated:
+                edits.append(edit(layer, "input"))
+            edits += [edit(layer, "attention"), edit(layer, "output")]
+        return tuple(edits)
 
     # ------------------------------------------------------------------ per call
     def get_hooks(self, input_ids: torch.Tensor, runtime_kwargs: Mapping[str, Any], **kwargs: Any) -> HookSet:

@@ -1,5 +1,5 @@
 """DirectionalAblation: h.r = 0 in every ablated stream (layer input, attention output, layer output), only at the
-chosen layers and scoped positions; CAA's fit and random direction; rows independent; refill; vLLM refused."""
+chosen layers and scoped positions; CAA's fit and random direction; rows independent; refill; the engine edits."""
 
 from __future__ import annotations
 
@@ -174,16 +174,36 @@ def test_a_saved_vector_file_loads(tiny, tmp_path):
     torch.testing.assert_close(one_row.vector.tensor, control.vector.tensor)
 
 
-def test_check_refuses_vllm_naming_the_fix(make_pipeline):
-    for control in (DirectionalAblation(direction_vector=_direction()), DirectionalAblation(data=PAIRS)):
-        pipeline = make_pipeline([control], steer=False)
-        assert pipeline.check("huggingface").ok
-        for kind in ("vllm", "vllm-serve"):
-            report = pipeline.check(kind)
-            assert not report.ok
-            (message,) = report.messages()
-            assert "DirectionalAblation" in message and "in_process_torch" in message
-            assert "Fix: use backend=huggingface" in message
+def test_check_accepts_the_engines_and_refuses_a_fit_on_a_server_naming_the_fix(make_pipeline):
+    given = make_pipeline([DirectionalAblation(direction_vector=_direction())], steer=False)
+    fitted = make_pipeline([DirectionalAblation(data=PAIRS)], steer=False)
+    for kind in ("huggingface", "vllm", "vllm_serve"):
+        assert given.check(kind).ok, kind
+    assert fitted.check("huggingface").ok and fitted.check("vllm").ok  # vllm fits on the Hugging Face model first
+    report = fitted.check("vllm_serve")
+    (message,) = report.messages()
+    assert "DirectionalAblation" in message and "hidden_capture" in message and "Fix:" in message
+
+
+def test_engine_edits_are_the_hooks_projections_per_stream_and_scope(tiny):
+    r = _direction()
+    control = _ablated(tiny, direction_vector=r, layers=[0, 1])
+    edits = control.residual_edits()
+    # layer 1's input is layer 0's (ablated) output: not edited twice
+    assert [(e.layer, e.site, e.mode) for e in edits] == [
+        (0, "input", "project"), (0, "attention", "project"), (0, "output", "project"),
+        (1, "attention", "project"), (1, "output", "project"),
+    ]  # fmt: skip
+    for edit in edits:
+        torch.testing.assert_close(edit.rows, r[None])
+        assert edit.start(7) == 0
+    only_one = _ablated(tiny, direction_vector=r, layers=[1], token_scope="last_k", last_k=2)
+    assert [(e.layer, e.site) for e in only_one.residual_edits()] == [(1, "input"), (1, "attention"), (1, "output")]
+    assert {e.start(7) for e in only_one.residual_edits()} == {5}
+    after = _ablated(tiny, direction_vector=r, layers=[0], token_scope="after_prompt")
+    assert {e.start(7) for e in after.residual_edits()} == {7}
+    with pytest.raises(RuntimeError, match=r"residual_edits called before steer\(\)"):
+        DirectionalAblation(direction_vector=r).residual_edits()
 
 
 def test_hooks_live_only_during_a_call_and_release_leaves_the_model_unsteered(make_pipeline, count_hooks):
@@ -293,4 +313,4 @@ def test_declarations():
     assert DirectionalAblation(direction_vector=_direction()).requirements() == {Capability.IN_PROCESS_TORCH}
     assert DirectionalAblation.RUNTIME_KWARGS_SCHEMA == []
     assert DirectionalAblation.supports_batching and DirectionalAblation.supports_refill
-    assert not DirectionalAblation.adds_residual  # a projection, not a fixed addition: no vLLM lowering
+    assert DirectionalAblation.adds_residual  # fixed projections: lowered into the vLLM engine
