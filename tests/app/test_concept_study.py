@@ -11,7 +11,7 @@ from hydra_plugins.steer_hydra_study.study_sweeper import StudySweeper
 from steer_hydra.app.plan import JobPlan, to_plain
 from steer_hydra.app.schema import register_configs
 from steer_hydra.controls.input import SystemPrompt
-from steer_hydra.controls.state import CAA, PASTA
+from steer_hydra.controls.state import CAA, PASTA, DirectionalAblation
 from steer_hydra.study.plan import StudyPlan
 from steer_hydra.tasks.concepts import concept_pairs, concept_system_prompt
 
@@ -68,3 +68,32 @@ def test_every_arm_builds_with_the_swept_strength(study, arm):
 def test_sanity_arms_differ_from_the_method_only_in_direction(study):
     ids = {arm: JobPlan.from_config(study(f"arm={arm}")).config_id for arm in STUDY_ARMS[3:]}
     assert len(set(ids.values())) == 3
+
+
+def test_any_state_or_output_control_joins_the_study_as_an_arm_run_once_at_no_grid_point(study, tmp_path):
+    """Directional ablation against CAA, plus an output control from an arm of the user's own: arms that are not
+    methods (no strength, no alpha) get no dev jobs and are reported once, at no grid point."""
+    arms = tmp_path / "arm"
+    arms.mkdir()
+    (arms / "contrastive_concept.yaml").write_text(
+        "# @package arm\ndefaults:\n  - /control@controls.cd: contrastive_decoding\n"
+        "name: contrastive_concept\ncontrols:\n  cd: {amateur: 'steer_hydra:tiny?seed=1&hidden_size=32'}\n"
+    )
+    searchpath = f"hydra.searchpath=[file://{tmp_path}]"
+    cfg = study(searchpath, return_hydra_config=True)
+    plan = StudyPlan(**to_plain(instantiate(cfg.hydra.sweeper).spec))
+    plan.take_arguments(["arm=baseline,caa_concept,ablation_concept,contrastive_concept"])
+    assert plan.methods() == ["caa_concept"]
+    dev = plan.dev_jobs([])
+    assert {job.arm_name for job in dev} == {"baseline", "caa_concept"}
+    chosen = {("weddings", "caa_concept"): plan.grid("caa_concept")[0]}
+    report = plan.report_jobs([], chosen)
+    points = {(job.arm_name, job.stage): job.point.label for job in report}
+    assert points[("ablation_concept", "test")] == points[("contrastive_concept", "cost")] == "-"
+    assert points[("caa_concept", "test")] == plan.grid("caa_concept")[0].label
+    ablation = JobPlan.from_config(study("arm=ablation_concept", "concept=joy"))
+    (control,) = ablation.controls
+    assert isinstance(control, DirectionalAblation) and list(control.data) == concept_pairs("joy")
+    assert control.layer_id == 12 and control.accumulate == "completion"
+    contrastive = JobPlan.from_config(study("arm=contrastive_concept", searchpath))
+    assert [type(c).__name__ for c in contrastive.controls] == ["ContrastiveDecoding"]
