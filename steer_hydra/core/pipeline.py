@@ -429,14 +429,17 @@ class SteeringPipeline:
         processors, criteria = self._step_controls(ids, mask, params, runtime_kwargs)
         rolled = 0
 
-        def rollout(input_ids: torch.Tensor, attention_mask: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        def rollout(
+            input_ids: torch.Tensor, attention_mask: torch.Tensor, *, stop_strings: Sequence[str] = (), **kwargs: Any
+        ) -> torch.Tensor:
+            # a driver's own stop strings (e.g. a closing tag) join the call's
             nonlocal rolled
             sequences = backend.rollout(
                 input_ids,
                 attention_mask,
                 logits_processors=processors,
                 stopping_criteria=criteria,
-                stop_strings=params.stop_strings,
+                stop_strings=params.stop_strings + tuple(s for s in stop_strings if s not in params.stop_strings),
                 stop_token_ids=params.stop_token_ids,
                 **kwargs,
             )

@@ -13,6 +13,7 @@ from steer_hydra.controls.output.search import (
     SegmentProposer,
 )
 from steer_hydra.controls.output.stopping_rules import StoppingRules
+from steer_hydra.controls.output.thinking_budget import ThinkingBudget
 
 __all__ = [
     "BestOfN",
@@ -27,4 +28,5 @@ __all__ = [
     "SearchTrace",
     "SegmentProposer",
     "StoppingRules",
+    "ThinkingBudget",
 ]
