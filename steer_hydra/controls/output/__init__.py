@@ -3,6 +3,7 @@
 from steer_hydra.controls.output.best_of_n import BestOfN
 from steer_hydra.controls.output.contrastive import ContrastiveDecoding, ContrastiveLogitsProcessor
 from steer_hydra.controls.output.deal import DeAL
+from steer_hydra.controls.output.reward_guided import RewardGuidedDecoding, RewardLogitsProcessor
 from steer_hydra.controls.output.scorers import MajorityVoteScorer
 from steer_hydra.controls.output.search import (
     Candidate,
@@ -23,6 +24,8 @@ __all__ = [
     "DeAL",
     "Frontier",
     "MajorityVoteScorer",
+    "RewardGuidedDecoding",
+    "RewardLogitsProcessor",
     "SampleSequenceScorer",
     "SearchDriver",
     "SearchTrace",

@@ -1,0 +1,377 @@
+"""RewardGuidedDecoding (RAD): the model's top-k next tokens re-weighted by a reward model, as a logits processor.
+
+How it runs: `steer()` loads the reward model (a sequence classifier) and its tokenizer beside the pipeline's model
+(the backend's `load_model`: same device and dtype) and decides how to score. When the reward model's tokenizer has
+the model's vocabulary (the same token-to-id map and an embedding row for every id the model scores), each call's
+`RewardLogitsProcessor` keeps the reward model's KV cache over each row's prefix: it advances it by the tokens
+added since the last step (positions and attention mask from the prompt mask, every generated token counting;
+prefilled again when the sequences do not extend the ones it holds) and scores the k candidates of a row as one
+more position each on that cache, repeated k times, all rows in as few forwards as `reward_batch_size` allows.
+Otherwise each candidate sequence is decoded to text and re-tokenized with the reward model's tokenizer, and the
+left-padded batch is scored from scratch (no cache). Either way the reward of a sequence is the classifier's head
+at its last token, so a row scores the same alone or in a padded batch. `cleanup()` drops the reward model.
+
+Invariants: tokens outside the top-k get -inf; a top-k token's score is its incoming score plus beta * reward.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import inspect
+import math
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from steer_hydra.controls.output.contrastive import output_vocab_size
+from steer_hydra.core.capabilities import Capability
+from steer_hydra.core.controls import BaseArgs, OutputControl
+
+HEAD_NAMES = ("score", "classifier")  # the classification head of transformers' *ForSequenceClassification models
+
+
+def reward_from_logits(logits: torch.Tensor, label: int | None) -> torch.Tensor:
+    """`[N, C]` head logits -> `[N]` rewards in [0, 1]: the probability of class `label` (default: the last class),
+    or the sigmoid of the single logit of a one-output head."""
+    logits = logits.float()
+    if logits.shape[-1] == 1:
+        return torch.sigmoid(logits[:, 0])
+    return torch.softmax(logits, dim=-1)[:, -1 if label is None else label]
+
+
+def classifier_parts(reward: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """`(trunk, head)` of a sequence classifier: its base model (hidden states, KV cache) and its head module."""
+    trunk = getattr(reward, "base_model", None)
+    head = next(
+        (getattr(reward, name) for name in HEAD_NAMES if isinstance(getattr(reward, name, None), torch.nn.Module)), None
+    )
+    if trunk is None or trunk is reward or head is None:
+        raise ValueError(
+            f"RewardGuidedDecoding.reward_model is a {type(reward).__name__}, not a sequence classifier with a base "
+            f"model and a head named one of {HEAD_NAMES}. Fix: use a decoder *ForSequenceClassification checkpoint "
+            "(e.g. steer_hydra:tiny-reward with model=tiny)."
+        )
+    return trunk, head
+
+
+def _cache_key(module: torch.nn.Module) -> str:
+    # transformers 5.24 names the KV cache `cache` (argument and output field); earlier `past_key_values`
+    return "cache" if "cache" in inspect.signature(type(module).forward).parameters else "past_key_values"
+
+
+def _positions(mask: torch.Tensor) -> torch.Tensor:
+    return (mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+@torch.no_grad()
+def sequence_rewards(
+    reward: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, label: int | None = None
+) -> torch.Tensor:
+    """Reward of each left-padded row (`[N, T]` ids and mask), read at its last position, without a cache."""
+    trunk, head = classifier_parts(reward)
+    device = next(reward.parameters()).device
+    ids, mask = ids.to(device), mask.to(device)
+    hidden = trunk(input_ids=ids, attention_mask=mask, position_ids=_positions(mask), use_cache=False)
+    return reward_from_logits(head(hidden.last_hidden_state[:, -1]), label)
+
+
+def _expanded(cache: Any, rows: torch.Tensor | None, repeats: int) -> Any:
+    """A copy of `cache` holding `rows` (all when None), each repeated `repeats` times; `cache` is left as it is."""
+    out = copy.copy(cache)
+    out.layers = [copy.copy(layer) for layer in cache.layers]
+    if rows is not None:
+        out.batch_select_indices(rows)
+    out.batch_repeat_interleave(repeats)
+    return out
+
+
+class RewardLogitsProcessor:
+    """One call's RAD step: top-k candidates of every row scored by the reward model, then `score + beta * reward`.
+
+    Built on the call's prompt ids and mask (left-padded rows). With `tokenizers=None` the reward model reads the
+    model's token ids and keeps a KV cache over the prefixes; with `(model_tokenizer, reward_tokenizer)` each
+    candidate sequence is decoded (special tokens skipped) and re-tokenized for the reward model, without a cache.
+    `reward_batch_size` caps the candidate rows of one reward-model forward (None: all at once).
+    """
+
+    def __init__(
+        self,
+        reward: torch.nn.Module,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor | None,
+        *,
+        beta: float,
+        top_k: int,
+        label: int | None = None,
+        reward_batch_size: int | None = None,
+        tokenizers: tuple[Any, Any] | None = None,
+    ) -> None:
+        self.reward = reward
+        self.trunk, self.head = classifier_parts(reward)
+        self.device = next(reward.parameters()).device
+        self.prompt_ids = prompt_ids
+        self.prompt_mask = torch.ones_like(prompt_ids) if prompt_mask is None else prompt_mask.to(prompt_ids.device)
+        self.beta, self.top_k, self.label = beta, top_k, label
+        self.reward_batch_size = reward_batch_size
+        self.tokenizers = tokenizers
+        self._seen: torch.Tensor | None = None  # the ids the cache holds
+        self._mask: torch.Tensor | None = None
+        self._cache: Any = None
+        self._cache_key = _cache_key(self.trunk)
+
+    def _mask_for(self, ids: torch.Tensor) -> torch.Tensor:
+        """Attention mask of a sequence the cache does not extend: prompt mask where rows start with the prompt."""
+        mask = torch.ones_like(ids)
+        batch, length = self.prompt_ids.shape
+        if ids.shape[1] >= length and ids.shape[0] % batch == 0:
+            repeat = ids.shape[0] // batch
+            prompt = self.prompt_ids.to(ids.device).repeat_interleave(repeat, 0)
+            same = (ids[:, :length] == prompt).all(dim=1)
+            mask[same, :length] = self.prompt_mask.to(ids.device).repeat_interleave(repeat, 0)[same]
+        return mask
+
+    def _advance(self, ids: torch.Tensor) -> None:
+        """Bring the prefix cache to `ids`: extend it by the new tokens, or prefill again when `ids` do not extend."""
+        seen = self._seen
+        extends = (
+            seen is not None
+            and ids.shape[0] == seen.shape[0]
+            and ids.shape[1] > seen.shape[1]
+            and torch.equal(ids[:, : seen.shape[1]], seen)
+        )
+        if extends:
+            new = ids[:, seen.shape[1] :]
+            mask = torch.cat([self._mask, torch.ones_like(new)], dim=1)
+        elif seen is not None and torch.equal(ids, seen):
+            return
+        else:
+            self._cache = None
+            new, mask = ids, self._mask_for(ids)
+        out = self.trunk(
+            input_ids=new,
+            attention_mask=mask,
+            position_ids=_positions(mask)[:, -new.shape[1] :],
+            use_cache=True,
+            **{self._cache_key: self._cache},
+        )
+        self._cache, self._seen, self._mask = getattr(out, self._cache_key), ids, mask
+
+    def _row_chunks(self, rows: int, k: int) -> Iterator[slice]:
+        step = rows if self.reward_batch_size is None else max(1, self.reward_batch_size // k)
+        for start in range(0, rows, step):
+            yield slice(start, min(rows, start + step))
+
+    def _cached_rewards(self, ids: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+        self._advance(ids)
+        batch, k = candidates.shape
+        rewards = []
+        for rows in self._row_chunks(batch, k):
+            n = rows.stop - rows.start
+            index = None if n == batch else torch.arange(rows.start, rows.stop, device=self.device)
+            mask = self._mask[rows]
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1).repeat_interleave(k, 0)
+            out = self.trunk(
+                input_ids=candidates[rows].reshape(n * k, 1),
+                attention_mask=mask,
+                position_ids=self._mask[rows].sum(-1, keepdim=True).repeat_interleave(k, 0),
+                use_cache=True,
+                **{self._cache_key: _expanded(self._cache, index, k)},
+            )
+            rewards.append(reward_from_logits(self.head(out.last_hidden_state[:, -1]), self.label))
+        return torch.cat(rewards).view(batch, k)
+
+    def _text_rewards(self, ids: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+        model_tokenizer, reward_tokenizer = self.tokenizers
+        mask = self._mask_for(ids).bool()
+        batch, k = candidates.shape
+        texts = [
+            model_tokenizer.decode(torch.cat([row[keep], candidate.view(1)]).tolist(), skip_special_tokens=True)
+            for row, keep, options in zip(ids.cpu(), mask.cpu(), candidates.cpu(), strict=True)
+            for candidate in options
+        ]
+        encoded = reward_tokenizer(texts, add_special_tokens=True)["input_ids"]
+        limit = getattr(reward_tokenizer, "model_max_length", None)
+        limit = limit if isinstance(limit, int) and 0 < limit < 1_000_000 else None
+        pad = reward_tokenizer.pad_token_id if reward_tokenizer.pad_token_id is not None else 0
+        rows = [(row[-limit:] if limit else row) or [pad] for row in encoded]
+        rewards = []
+        step = len(rows) if self.reward_batch_size is None else self.reward_batch_size
+        for start in range(0, len(rows), step):
+            chunk = rows[start : start + step]
+            width = max(len(row) for row in chunk)
+            chunk_ids = torch.tensor([[pad] * (width - len(row)) + row for row in chunk], device=self.device)
+            chunk_mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in chunk], device=self.device)
+            rewards.append(sequence_rewards(self.reward, chunk_ids, chunk_mask, self.label))
+        return torch.cat(rewards).view(batch, k)
+
+    @torch.no_grad()
+    def rewards(self, input_ids: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+        """`[B, k]` rewards of each row's sequence followed by each of its `[B, k]` candidate tokens."""
+        ids, candidates = input_ids.to(self.device), candidates.to(self.device)
+        if self.tokenizers is None:
+            return self._cached_rewards(ids, candidates)
+        return self._text_rewards(ids, candidates)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        top = scores.topk(min(self.top_k, scores.shape[-1]), dim=-1)
+        rewards = self.rewards(input_ids, top.indices).to(scores.device)
+        shifted = (top.values.float() + self.beta * rewards).to(scores.dtype)
+        return torch.full_like(scores, -math.inf).scatter(-1, top.indices, shifted)
+
+
+def same_vocabulary(model_tokenizer: Any, reward_tokenizer: Any) -> bool:
+    """Whether both tokenizers map every token to the same id (so the reward model can read the model's ids)."""
+    if model_tokenizer is None or reward_tokenizer is None:
+        return False
+    return model_tokenizer.get_vocab() == reward_tokenizer.get_vocab()
+
+
+class RewardGuidedDecoding(OutputControl):
+    """Reward-augmented decoding: each step re-weights the model's top-k next tokens by a reward model's score.
+
+    Paper: Deng and Raffel, "Reward-Augmented Decoding: Efficient Controlled Text Generation With a Unidirectional
+    Reward Model" (EMNLP 2023, arXiv 2310.09520). At each step the k most likely tokens x_1..x_k are scored by a
+    unidirectional reward model on `prefix + x_i`; token x_i gets `z_i + beta * r_i` (z_i its incoming score, r_i
+    in [0, 1]) and every other token -inf. Greedy decoding picks the best of these, sampling samples from their
+    softmax (the paper's setting). The reward model's KV cache over the prefix is reused across steps when it
+    shares the model's vocabulary (the paper's efficiency argument); otherwise the text is re-tokenized each step.
+
+    Args:
+        reward_model: reference of a sequence classifier (Hub id, path, or `steer_hydra:tiny-reward` for tests),
+            ideally a decoder sharing the model's tokenizer. Loaded at `steer()` on the model's device and dtype.
+        beta: reward weight (>= 0); the paper's reference code defaults to 30 and its experiments sweep 10 to 50.
+            0 leaves plain top-k decoding.
+        top_k: candidates scored per step (the paper's k = 20).
+        label: which class's probability is the reward (default: the last class, e.g. "positive" of a binary
+            classifier); a one-output head's reward is the sigmoid of its logit (label must then be None or 0).
+        reward_batch_size: most candidate rows (prefix x candidate) in one reward-model forward; None scores all
+            rows x top_k candidates of a step at once.
+
+    Hugging Face backend only (live logits processor, a second model in process). Batches (the reward cache follows
+    the batch's left padding); no slot refill (rows admitted mid-decode would need the reward cache to admit them).
+    """
+
+    @dataclass(frozen=True)
+    class Args(BaseArgs):
+        reward_model: str
+        beta: float = 30.0
+        top_k: int = 20
+        label: int | None = None
+        reward_batch_size: int | None = None
+
+        def validate(self) -> None:
+            if not self.reward_model.strip():
+                raise ValueError(
+                    "RewardGuidedDecoding.reward_model must name a sequence classifier; got ''. "
+                    "Fix: reward_model=<Hub id, path or steer_hydra:tiny-reward>."
+                )
+            if not (math.isfinite(self.beta) and self.beta >= 0):
+                raise ValueError(
+                    f"RewardGuidedDecoding.beta must be a finite number >= 0; got {self.beta}. "
+                    "Fix: use the paper's range (10 to 50); to steer away from a class, set label to the other class."
+                )
+            if self.top_k < 1:
+                raise ValueError(
+                    f"RewardGuidedDecoding.top_k must be >= 1; got {self.top_k}. Fix: use the paper's top_k=20."
+                )
+            if self.label is not None and self.label < 0:
+                raise ValueError(
+                    f"RewardGuidedDecoding.label must be a class index >= 0 or None; got {self.label}. "
+                    "Fix: label=None (the last class) or the index of the class to favour."
+                )
+            if self.reward_batch_size is not None and self.reward_batch_size < 1:
+                raise ValueError(
+                    f"RewardGuidedDecoding.reward_batch_size must be >= 1 or None; got {self.reward_batch_size}. "
+                    "Fix: reward_batch_size=None (all candidates of a step at once) or a positive row count."
+                )
+
+    supports_batching = True
+    supports_refill = False
+
+    def _configure(self) -> None:
+        self._reward: torch.nn.Module | None = None
+        self._tokenizers: tuple[Any, Any] | None = None
+
+    @property
+    def reward(self) -> torch.nn.Module | None:
+        """The loaded reward model (None before `steer()` and after `cleanup()`)."""
+        return self._reward
+
+    @property
+    def uses_prefix_cache(self) -> bool:
+        """Whether the reward model reads the model's token ids with a prefix KV cache (set at `steer()`)."""
+        return self._reward is not None and self._tokenizers is None
+
+    def requirements(self) -> frozenset[Capability]:
+        return frozenset({Capability.IN_PROCESS_TORCH})
+
+    def steer(
+        self,
+        model: torch.nn.Module | None,
+        tokenizer: Any = None,
+        load_model: Callable[..., Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if model is None or load_model is None:
+            raise RuntimeError(
+                "RewardGuidedDecoding needs the live model and a reward model in this process. "
+                "Fix: use backend=huggingface."
+            )
+        reward, reward_tokenizer = load_model(self.reward_model, head="sequence_classification", with_tokenizer=True)
+        try:
+            classifier_parts(reward)
+            classes = int(getattr(reward.config, "num_labels", 1))
+            if self.label is not None and self.label >= max(classes, 1):
+                raise ValueError(
+                    f"RewardGuidedDecoding.label={self.label} but reward_model={self.reward_model!r} has {classes} "
+                    f"class(es). Fix: label in 0..{max(classes, 1) - 1}, or None for the last class."
+                )
+        except ValueError:
+            del reward
+            gc.collect()
+            raise
+        shared = same_vocabulary(tokenizer, reward_tokenizer) and (
+            reward.get_input_embeddings().num_embeddings >= output_vocab_size(model)
+        )
+        if not shared and tokenizer is None:
+            raise RuntimeError(
+                "RewardGuidedDecoding needs the model's tokenizer to re-tokenize text for a reward model with "
+                "another vocabulary. Fix: build the pipeline with its tokenizer."
+            )
+        self._reward = reward
+        self._tokenizers = None if shared else (tokenizer, reward_tokenizer)
+        return None
+
+    def cleanup(self) -> None:
+        if self._reward is None:
+            return
+        device = next(self._reward.parameters()).device
+        self._reward, self._tokenizers = None, None
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def get_logits_processors(self, input_ids: torch.Tensor, runtime_kwargs: Mapping[str, Any], **kwargs: Any) -> list:
+        if self._reward is None:
+            raise RuntimeError("RewardGuidedDecoding has no reward model loaded. Fix: call pipeline.steer() first.")
+        ids = torch.as_tensor(input_ids)
+        ids = ids.unsqueeze(0) if ids.dim() == 1 else ids
+        mask = kwargs.get("attention_mask")
+        if mask is not None:
+            mask = torch.as_tensor(mask)
+            mask = mask.unsqueeze(0) if mask.dim() == 1 else mask
+        return [
+            RewardLogitsProcessor(
+                self._reward,
+                ids,
+                mask,
+                beta=self.beta,
+                top_k=self.top_k,
+                label=self.label,
+                reward_batch_size=self.reward_batch_size,
+                tokenizers=self._tokenizers,
+            )
+        ]
