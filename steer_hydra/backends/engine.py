@@ -7,9 +7,11 @@ prompt. Subclasses implement `_open` (boot the engine or connect to the server; 
 controls are prepared), `_complete` (run one list of requests) and `_close`.
 
 What it can do is what it advertises: sampled rollouts (best-of-n) and serving a checkpoint, plus layer-vector
-state controls (CAA, ActAdd with a given vector) lowered into the engine per request (`vllm_steering`). It cannot
-run other hooks, attention edits, live logits processors or stopping criteria, hidden-state capture, or beam
-proposals; `SteeringPipeline.check()` refuses controls that need them before anything loads.
+state controls (CAA, ActAdd with a given vector) lowered into the engine per request (`vllm_steering`), and output
+controls that hand per-row request fields (`RequestFields`, e.g. ConstrainedDecoding's `structured_outputs`) in
+place of a live logits processor, merged into each prompt row's request. It cannot run other hooks, attention
+edits, live logits processors or stopping criteria, hidden-state capture, or beam proposals;
+`SteeringPipeline.check()` refuses controls that need them before anything loads.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from steer_hydra.backends.lowering import (
 from steer_hydra.backends.vllm_steering import EngineSteering
 from steer_hydra.core.backend import Backend
 from steer_hydra.core.capabilities import Capability
+from steer_hydra.core.controls import RequestFields
 from steer_hydra.core.params import GenerationParams
 from steer_hydra.core.source import ModelSource
 from steer_hydra.core.tensors import eos_ids
@@ -146,10 +149,11 @@ class TokenEngineBackend(EngineSteering, Backend):
         logits_processors: Sequence[Any] = (),
         stopping_criteria: Sequence[Any] = (),
     ) -> torch.Tensor:
-        self._refuse_live(logits_processors, stopping_criteria)
+        request_fields, live = split_request_fields(logits_processors)
+        self._refuse_live(live, stopping_criteria)
         refuse_extra(params, self.kind)
         prompts = prompt_rows(input_ids.cpu(), attention_mask.cpu())
-        return self._run(prompts, params, row_seeds(params, seeds, len(prompts)))
+        return self._run(prompts, params, row_seeds(params, seeds, len(prompts)), request_fields)
 
     def rollout(
         self,
@@ -167,7 +171,8 @@ class TokenEngineBackend(EngineSteering, Backend):
         Seeded when the pipeline seeds the driver's decode (`seeded(seed)`): the k-th rollout's rows get
         `derive_item_seed(seed, "rollout-k", row)`, so successive proposals differ and a rerun repeats them.
         """
-        self._refuse_live(logits_processors, stopping_criteria)
+        request_fields, live = split_request_fields(logits_processors)
+        self._refuse_live(live, stopping_criteria)
         params = rollout_params(
             gen_kwargs, stop_strings=stop_strings, stop_token_ids=stop_token_ids, backend_kind=self.kind
         )
@@ -176,12 +181,27 @@ class TokenEngineBackend(EngineSteering, Backend):
             call, self._rollout_calls = self._rollout_calls, self._rollout_calls + 1
             seed = self._rollout_seed
         seeds = [None] * len(prompts) if params.greedy else rollout_seeds(seed, call, len(prompts))
-        continuations = self._run(prompts, params, seeds).to(input_ids.device)
+        continuations = self._run(prompts, params, seeds, request_fields).to(input_ids.device)
         return torch.cat([input_ids.repeat_interleave(params.n, 0), continuations], dim=1)
 
-    def _run(self, prompts: list[list[int]], params: GenerationParams, seeds: Sequence[int | None]) -> torch.Tensor:
+    def _run(
+        self,
+        prompts: list[list[int]],
+        params: GenerationParams,
+        seeds: Sequence[int | None],
+        request_fields: Sequence[RequestFields] = (),
+    ) -> torch.Tensor:
         steering = self._steering_fields(prompts)  # layer-vector controls lowered to the engine (vllm_steering)
         fields = [sampling_fields(params, seed=seed) | extra for seed, extra in zip(seeds, steering, strict=True)]
+        for given in request_fields:  # output controls' per-row fields (e.g. structured outputs), one request per row
+            for row, extra in zip(fields, given.for_prompts(len(prompts)), strict=True):
+                clash = sorted(set(row) & set(extra))
+                if clash:
+                    raise ValueError(
+                        f"Two sources set request field(s) {clash} of one engine request on backend={self.kind}. "
+                        "Fix: enable one output control that sets them."
+                    )
+                row.update(extra)
         candidates = self._complete(prompts, fields)
         return pad_continuations(expand_candidates(candidates, params.n), self.tokenizer.pad_token_id)
 
@@ -215,6 +235,12 @@ class TokenEngineBackend(EngineSteering, Backend):
         self._close()
         self._opened = False
         self.model = None
+
+
+def split_request_fields(processors: Sequence[Any]) -> tuple[list[RequestFields], list[Any]]:
+    """The `RequestFields` among an output stack's processors (merged into the requests) and the live rest."""
+    fields = [p for p in processors if isinstance(p, RequestFields)]
+    return fields, [p for p in processors if not isinstance(p, RequestFields)]
 
 
 def _generation_config_eos(model_path: str | None) -> list[int]:

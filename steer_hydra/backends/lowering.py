@@ -21,6 +21,12 @@ The table (strict: a generation kwarg without a row here raises, naming it):
 
 State controls lowered to the engine (CAA, ActAdd with a given vector) add `vllm_xargs` (offline: the
 `SamplingParams.extra_args`) and a `cache_salt` per row: see `steer_hydra.backends.vllm_steering`.
+
+Output controls add per-row request fields (`RequestFields`, merged by `TokenEngineBackend._run`):
+
+| output control | request field | offline (`SamplingParams`) | server body |
+| --- | --- | --- | --- |
+| `ConstrainedDecoding` | `structured_outputs`: `regex`, `choice` or `json` | `StructuredOutputsParams(**it)` | as is |
 """
 
 from __future__ import annotations

@@ -112,6 +112,10 @@ class VLLMBackend(TokenEngineBackend):
         for prompt, row in zip(prompts, fields, strict=True):
             row = dict(row)
             xargs, salt = row.pop("vllm_xargs", None), row.pop("cache_salt", None)
+            if row.get("structured_outputs") is not None:  # a dict from an output control (RequestFields)
+                from vllm.sampling_params import StructuredOutputsParams
+
+                row["structured_outputs"] = StructuredOutputsParams(**row["structured_outputs"])
             sampling.append(vllm.SamplingParams(**row, **({"extra_args": dict(xargs)} if xargs else {})))
             requests.append({"prompt_token_ids": list(prompt), **({"cache_salt": salt} if salt else {})})
         results = self._loop.run(requests, sampling)

@@ -226,7 +226,8 @@ def normalize_base_url(url: str) -> str:
 
 
 def completion_body(prompt: Sequence[int], fields: Mapping[str, Any], *, model: str) -> dict[str, Any]:
-    """The JSON body of one `/v1/completions` request for one prompt row (token ids, sampling fields)."""
+    """The JSON body of one `/v1/completions` request for one prompt row (token ids, sampling fields, and the
+    row's request fields from output controls, e.g. `structured_outputs`, which vLLM's server reads as is)."""
     return {
         "model": model,
         "prompt": [int(t) for t in prompt],

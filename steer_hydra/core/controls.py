@@ -312,6 +312,32 @@ class OutputControl(BaseControl):
         return {}
 
 
+@dataclass(frozen=True, slots=True)
+class RequestFields:
+    """Per-row request fields an output control hands an engine backend in place of a live logits processor.
+
+    `OutputControl.get_logits_processors` may return one among its processors on an engine backend (vLLM): the
+    backend takes it out of the processor list and merges `rows[i]` into the request of prompt row i (every
+    candidate of that row's `n` shares it). An empty mapping leaves a row's request as it is.
+    """
+
+    rows: tuple[Mapping[str, Any], ...]
+
+    def for_prompts(self, count: int) -> list[Mapping[str, Any]]:
+        """The fields of `count` prompt rows: one per row, or each row's fields repeated for the `count / rows`
+        consecutive prompt rows a decoding driver's rollout makes of it (a single row serves any count)."""
+        rows = len(self.rows)
+        if rows == count:
+            return list(self.rows)
+        if rows == 1 or (rows and count % rows == 0):
+            repeat = count // rows
+            return [self.rows[i // repeat] for i in range(count)]
+        raise ValueError(
+            f"RequestFields holds {rows} rows but the engine call has {count} prompt rows; a control must hand one "
+            "mapping per prompt row of the call it was built for."
+        )
+
+
 @dataclass(slots=True)
 class DriverResult:
     """What a decoding driver returns: prompt plus continuation rows (left-packed prompt, right-padded)."""

@@ -59,6 +59,11 @@ POLICY_FIELDS: frozenset[str] = frozenset(
     }
 )
 REFUSED_FIELDS: frozenset[str] = frozenset({"logprobs", "top_logprobs", "prompt_logprobs"})
+# `response_schema` (a policy field) maps to this runtime kwarg instead when an enabled control declares it: the
+# JSON-schema constraint of constrained decoding (`controls.output.constrained.JSON_SCHEMA_KWARG`), unless the
+# sample brings one of the output constraints of its own (`CONSTRAINT_RUNTIME_KWARGS`), which then wins.
+RESPONSE_SCHEMA_RUNTIME_KWARG = "constrain_json_schema"
+CONSTRAINT_RUNTIME_KWARGS: tuple[str, ...] = ("constrain_regex", "constrain_choices", RESPONSE_SCHEMA_RUNTIME_KWARG)
 # Checked against the unsupported-parameter policy: the policy fields plus any field Inspect adds later.
 POLICY_CHECKED_FIELDS: tuple[str, ...] = tuple(
     sorted(set(GenerateConfig.model_fields) - (MAPPED_FIELDS | UPSTREAM_FIELDS | REFUSED_FIELDS))
@@ -68,10 +73,12 @@ UNSUPPORTED_POLICIES: tuple[str, ...] = ("raise", "warn")
 BATCHING_MODES: tuple[str, ...] = ("auto", "static", "refill", "stream")
 __all__ = [
     "BATCHING_MODES",
+    "CONSTRAINT_RUNTIME_KWARGS",
     "MAPPED_FIELDS",
     "POLICY_CHECKED_FIELDS",
     "POLICY_FIELDS",
     "REFUSED_FIELDS",
+    "RESPONSE_SCHEMA_RUNTIME_KWARG",
     "SEED_SCOPES",
     "SPLIT_MODES",
     "UNSUPPORTED_POLICIES",

@@ -8,7 +8,10 @@ gen kwargs, and the request is handed to a `LockLeaderCollator`, which batches c
 Contract:
 - Generation only: tools, tool messages, logprob parameters and non-text content are refused with an error
   that explains the scope; every other `GenerateConfig` field is classified as mapped, handled upstream by
-  Inspect, or subject to the unsupported-parameter policy (`ProviderOptions.on_unsupported_param`).
+  Inspect, or subject to the unsupported-parameter policy (`ProviderOptions.on_unsupported_param`). One policy
+  field maps when the pipeline can honour it: `response_schema` becomes the request's runtime kwarg
+  `RESPONSE_SCHEMA_RUNTIME_KWARG` (its `json_schema`) when an enabled control declares that kwarg (a constrained
+  decoding control) and the sample brings no output constraint of its own; otherwise the policy applies to it.
 - Prompt path: with a chat template, conversations are dispatched as `messages=` (every input control runs as
   in deployment); without one, each conversation is rendered to plain text and dispatched as `text=` (no
   `adapt_messages`; token-level `adapt` still runs). The path is fixed at construction and warned about once.
@@ -61,7 +64,13 @@ from steer_hydra.core.output import truncate_at_stop_strings
 from steer_hydra.core.pipeline import RESERVED_TEMPLATE_KWARGS
 from steer_hydra.core.rendering import encode_lock, has_chat_template, render_messages
 from steer_hydra.evaluation.batching import LockLeaderCollator
-from steer_hydra.evaluation.options import POLICY_CHECKED_FIELDS, REFUSED_FIELDS, ProviderOptions
+from steer_hydra.evaluation.options import (
+    CONSTRAINT_RUNTIME_KWARGS,
+    POLICY_CHECKED_FIELDS,
+    REFUSED_FIELDS,
+    RESPONSE_SCHEMA_RUNTIME_KWARG,
+    ProviderOptions,
+)
 from steer_hydra.evaluation.refill_serving import RefillCollator
 from steer_hydra.evaluation.stream_serving import StreamCollator
 from steer_hydra.evaluation.thinking import (
@@ -393,10 +402,17 @@ class SteeringPipelineModelAPI(ModelAPI):
                 "Sample.metadata['runtime_kwargs'] and use runtime_kwargs_solver()."
             )
 
+        per_sample = dict(per_sample)
         for name in POLICY_CHECKED_FIELDS:
             value = getattr(config, name)
-            if value is not None:
-                self._unsupported(f"GenerateConfig.{name}", name, value)
+            if value is None:
+                continue
+            if name == "response_schema" and RESPONSE_SCHEMA_RUNTIME_KWARG in self._declared_scopes:
+                # an enabled constrained-decoding control enforces it; a sample's own constraint wins
+                if not any(name in per_sample for name in CONSTRAINT_RUNTIME_KWARGS):
+                    per_sample[RESPONSE_SCHEMA_RUNTIME_KWARG] = value.json_schema.model_dump(exclude_none=True)
+                continue
+            self._unsupported(f"GenerateConfig.{name}", name, value)
         for key, value in extra_body.items():
             if value is not None:
                 self._unsupported(f"GenerateConfig.extra_body[{key!r}]", f"extra_body[{key!r}]", value)
@@ -421,7 +437,7 @@ class SteeringPipelineModelAPI(ModelAPI):
                     gen_kwargs["seed"] = int(seed)
                     gen_kwargs["seed_scope"] = self._options.seed_scope
         num_choices = int(config.num_choices) if config.num_choices is not None else 1
-        return gen_kwargs, dict(per_sample), num_choices
+        return gen_kwargs, per_sample, num_choices
 
     def _unsupported(self, label: str, name: str, value: Any) -> None:
         """Apply the unsupported-parameter policy to one parameter the pipeline cannot honor."""
@@ -430,7 +446,11 @@ class SteeringPipelineModelAPI(ModelAPI):
             "ProviderOptions(on_unsupported_param='warn') to ignore it with a warning."
         )
         if name == "response_schema":
-            hint += " (No constrained-decoding control is injected: the arm runs only the controls it declares.)"
+            hint += (
+                " (No constrained-decoding control is injected: the arm runs only the controls it declares. Add "
+                "ConstrainedDecoding to the arm, +control@arm.controls.constrained=constrained_decoding, and the "
+                f"schema constrains each output through its runtime kwarg {RESPONSE_SCHEMA_RUNTIME_KWARG}.)"
+            )
         if self._options.on_unsupported_param == "raise":
             raise ValueError(f"{label}={value!r} is not supported by the steer_hydra provider. {hint}")
         if name not in self._warned_params:

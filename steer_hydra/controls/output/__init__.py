@@ -1,6 +1,7 @@
 """Output controls: stopping rules, logits processors and decoding drivers (search, reranking)."""
 
 from steer_hydra.controls.output.best_of_n import BestOfN
+from steer_hydra.controls.output.constrained import ConstrainedDecoding, GrammarLogitsProcessor
 from steer_hydra.controls.output.contrastive import ContrastiveDecoding, ContrastiveLogitsProcessor
 from steer_hydra.controls.output.deal import DeAL
 from steer_hydra.controls.output.reward_guided import RewardGuidedDecoding, RewardLogitsProcessor
@@ -19,10 +20,12 @@ from steer_hydra.controls.output.thinking_budget import ThinkingBudget
 __all__ = [
     "BestOfN",
     "Candidate",
+    "ConstrainedDecoding",
     "ContrastiveDecoding",
     "ContrastiveLogitsProcessor",
     "DeAL",
     "Frontier",
+    "GrammarLogitsProcessor",
     "MajorityVoteScorer",
     "RewardGuidedDecoding",
     "RewardLogitsProcessor",
