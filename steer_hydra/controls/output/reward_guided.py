@@ -1,15 +1,18 @@
 """RewardGuidedDecoding (RAD): the model's top-k next tokens re-weighted by a reward model, as a logits processor.
 
 How it runs: `steer()` loads the reward model (a sequence classifier) and its tokenizer beside the pipeline's model
-(the backend's `load_model`: same device and dtype) and decides how to score. When the reward model's tokenizer has
-the model's vocabulary (the same token-to-id map and an embedding row for every id the model scores), each call's
-`RewardLogitsProcessor` keeps the reward model's KV cache over each row's prefix: it advances it by the tokens
-added since the last step (positions and attention mask from the prompt mask, every generated token counting;
-prefilled again when the sequences do not extend the ones it holds) and scores the k candidates of a row as one
-more position each on that cache, repeated k times, all rows in as few forwards as `reward_batch_size` allows.
-Otherwise each candidate sequence is decoded to text and re-tokenized with the reward model's tokenizer, and the
-left-padded batch is scored from scratch (no cache). Either way the reward of a sequence is the classifier's head
-at its last token, so a row scores the same alone or in a padded batch. `cleanup()` drops the reward model.
+(the backend's `load_model`: same device and dtype) and decides how to score. When the reward model is a decoder
+classifier (a trunk with a KV cache and a `score` head) whose tokenizer has the model's vocabulary (the same
+token-to-id map and an embedding row for every id the model scores), each call's `RewardLogitsProcessor` keeps the
+reward model's KV cache over each row's prefix: it advances it by the tokens added since the last step (positions
+and attention mask from the prompt mask, every generated token counting; prefilled again when the sequences do not
+extend the ones it holds) and scores the k candidates of a row as one more position each on that cache, repeated
+k times, all rows in as few forwards as `reward_batch_size` allows. There the reward of a sequence is the head at
+its last token, so a row scores the same alone or in a padded batch. Otherwise (another tokenizer, or an encoder
+classifier) each candidate sequence is decoded to text, re-tokenized with the reward model's tokenizer (padded on
+the right, where a plain forward needs no position ids; truncated from the left) and scored by the classifier's own
+forward and pooling, without a cache.
+`cleanup()` drops the reward model.
 
 Invariants: tokens outside the top-k get -inf; a top-k token's score is its incoming score plus beta * reward.
 """
@@ -30,7 +33,7 @@ from steer_hydra.controls.output.contrastive import output_vocab_size
 from steer_hydra.core.capabilities import Capability
 from steer_hydra.core.controls import BaseArgs, OutputControl
 
-HEAD_NAMES = ("score", "classifier")  # the classification head of transformers' *ForSequenceClassification models
+HEAD_NAME = "score"  # the head of transformers' decoder *ForSequenceClassification models (Llama, GPT-2, Qwen...)
 
 
 def reward_from_logits(logits: torch.Tensor, label: int | None) -> torch.Tensor:
@@ -42,18 +45,14 @@ def reward_from_logits(logits: torch.Tensor, label: int | None) -> torch.Tensor:
     return torch.softmax(logits, dim=-1)[:, -1 if label is None else label]
 
 
-def classifier_parts(reward: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
-    """`(trunk, head)` of a sequence classifier: its base model (hidden states, KV cache) and its head module."""
-    trunk = getattr(reward, "base_model", None)
-    head = next(
-        (getattr(reward, name) for name in HEAD_NAMES if isinstance(getattr(reward, name, None), torch.nn.Module)), None
-    )
-    if trunk is None or trunk is reward or head is None:
-        raise ValueError(
-            f"RewardGuidedDecoding.reward_model is a {type(reward).__name__}, not a sequence classifier with a base "
-            f"model and a head named one of {HEAD_NAMES}. Fix: use a decoder *ForSequenceClassification checkpoint "
-            "(e.g. steer_hydra:tiny-reward with model=tiny)."
-        )
+def decoder_parts(reward: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] | None:
+    """`(trunk, head)` of a decoder sequence classifier (its base model, which takes a KV cache, and its `score`
+    head applied per position), or None for other classifiers (encoders pool their own way)."""
+    trunk, head = getattr(reward, "base_model", None), getattr(reward, HEAD_NAME, None)
+    if trunk is None or trunk is reward or not isinstance(head, torch.nn.Linear):
+        return None
+    if "use_cache" not in inspect.signature(type(trunk).forward).parameters:
+        return None
     return trunk, head
 
 
@@ -70,8 +69,12 @@ def _positions(mask: torch.Tensor) -> torch.Tensor:
 def sequence_rewards(
     reward: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, label: int | None = None
 ) -> torch.Tensor:
-    """Reward of each left-padded row (`[N, T]` ids and mask), read at its last position, without a cache."""
-    trunk, head = classifier_parts(reward)
+    """Reward of each left-padded row (`[N, T]` ids and mask) of a decoder classifier, read at its last position,
+    without a cache."""
+    parts = decoder_parts(reward)
+    if parts is None:
+        raise ValueError(f"sequence_rewards needs a decoder classifier with a `{HEAD_NAME}` head; got {type(reward)}.")
+    trunk, head = parts
     device = next(reward.parameters()).device
     ids, mask = ids.to(device), mask.to(device)
     hidden = trunk(input_ids=ids, attention_mask=mask, position_ids=_positions(mask), use_cache=False)
@@ -92,8 +95,9 @@ class RewardLogitsProcessor:
     """One call's RAD step: top-k candidates of every row scored by the reward model, then `score + beta * reward`.
 
     Built on the call's prompt ids and mask (left-padded rows). With `tokenizers=None` the reward model reads the
-    model's token ids and keeps a KV cache over the prefixes; with `(model_tokenizer, reward_tokenizer)` each
-    candidate sequence is decoded (special tokens skipped) and re-tokenized for the reward model, without a cache.
+    model's token ids and keeps a KV cache over the prefixes (a decoder classifier); with `(model_tokenizer,
+    reward_tokenizer)` each candidate sequence is decoded (special tokens skipped), re-tokenized and scored by the
+    reward model's own forward, without a cache.
     `reward_batch_size` caps the candidate rows of one reward-model forward (None: all at once).
     """
 
@@ -110,7 +114,13 @@ class RewardLogitsProcessor:
         tokenizers: tuple[Any, Any] | None = None,
     ) -> None:
         self.reward = reward
-        self.trunk, self.head = classifier_parts(reward)
+        parts = decoder_parts(reward) if tokenizers is None else None
+        if tokenizers is None and parts is None:
+            raise ValueError(
+                f"RewardLogitsProcessor: a {type(reward).__name__} has no cacheable trunk and `{HEAD_NAME}` head. "
+                "Fix: pass tokenizers=(model_tokenizer, reward_tokenizer) to score re-tokenized text."
+            )
+        self.trunk, self.head = parts if parts is not None else (None, None)
         self.device = next(reward.parameters()).device
         self.prompt_ids = prompt_ids
         self.prompt_mask = torch.ones_like(prompt_ids) if prompt_mask is None else prompt_mask.to(prompt_ids.device)
@@ -120,7 +130,7 @@ class RewardLogitsProcessor:
         self._seen: torch.Tensor | None = None  # the ids the cache holds
         self._mask: torch.Tensor | None = None
         self._cache: Any = None
-        self._cache_key = _cache_key(self.trunk)
+        self._cache_key = _cache_key(self.trunk) if self.trunk is not None else ""
 
     def _mask_for(self, ids: torch.Tensor) -> torch.Tensor:
         """Attention mask of a sequence the cache does not extend: prompt mask where rows start with the prompt."""
@@ -192,19 +202,14 @@ class RewardLogitsProcessor:
             for row, keep, options in zip(ids.cpu(), mask.cpu(), candidates.cpu(), strict=True)
             for candidate in options
         ]
-        encoded = reward_tokenizer(texts, add_special_tokens=True)["input_ids"]
-        limit = getattr(reward_tokenizer, "model_max_length", None)
-        limit = limit if isinstance(limit, int) and 0 < limit < 1_000_000 else None
-        pad = reward_tokenizer.pad_token_id if reward_tokenizer.pad_token_id is not None else 0
-        rows = [(row[-limit:] if limit else row) or [pad] for row in encoded]
         rewards = []
-        step = len(rows) if self.reward_batch_size is None else self.reward_batch_size
-        for start in range(0, len(rows), step):
-            chunk = rows[start : start + step]
-            width = max(len(row) for row in chunk)
-            chunk_ids = torch.tensor([[pad] * (width - len(row)) + row for row in chunk], device=self.device)
-            chunk_mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in chunk], device=self.device)
-            rewards.append(sequence_rewards(self.reward, chunk_ids, chunk_mask, self.label))
+        step = len(texts) if self.reward_batch_size is None else self.reward_batch_size
+        for start in range(0, len(texts), step):
+            encoded = reward_tokenizer(texts[start : start + step], padding=True, truncation=True, return_tensors="pt")
+            out = self.reward(
+                input_ids=encoded["input_ids"].to(self.device), attention_mask=encoded["attention_mask"].to(self.device)
+            )
+            rewards.append(reward_from_logits(out.logits, self.label))
         return torch.cat(rewards).view(batch, k)
 
     @torch.no_grad()
@@ -220,6 +225,23 @@ class RewardLogitsProcessor:
         rewards = self.rewards(input_ids, top.indices).to(scores.device)
         shifted = (top.values.float() + self.beta * rewards).to(scores.dtype)
         return torch.full_like(scores, -math.inf).scatter(-1, top.indices, shifted)
+
+
+def _prepare_text_tokenizer(reward: torch.nn.Module, reward_tokenizer: Any, reference: str) -> None:
+    """Let the reward tokenizer batch: a pad token (its EOS when it has none, as GPT-2 classifiers need, also set in
+    the model's config for its pooling), right padding (a plain forward then needs no position ids, and the
+    classifier's pooling finds the last real token) and truncation from the left, which keeps the candidate."""
+    if reward_tokenizer.pad_token is None:
+        if reward_tokenizer.eos_token is None:
+            raise ValueError(
+                f"RewardGuidedDecoding.reward_model={reference!r}: its tokenizer has neither a pad nor an EOS token "
+                "to pad a batch with. Fix: use a reward model whose tokenizer defines a pad token."
+            )
+        reward_tokenizer.pad_token = reward_tokenizer.eos_token
+    if getattr(reward.config, "pad_token_id", None) is None:
+        reward.config.pad_token_id = reward_tokenizer.pad_token_id
+    reward_tokenizer.padding_side = "right"
+    reward_tokenizer.truncation_side = "left"
 
 
 def same_vocabulary(model_tokenizer: Any, reward_tokenizer: Any) -> bool:
@@ -241,7 +263,8 @@ class RewardGuidedDecoding(OutputControl):
 
     Args:
         reward_model: reference of a sequence classifier (Hub id, path, or `steer_hydra:tiny-reward` for tests),
-            ideally a decoder sharing the model's tokenizer. Loaded at `steer()` on the model's device and dtype.
+            ideally a decoder sharing the model's tokenizer (the cached path); any classifier works through
+            re-tokenized text. Loaded at `steer()` on the model's device and dtype.
         beta: reward weight (>= 0); the paper's reference code defaults to 30 and its experiments sweep 10 to 50.
             0 leaves plain top-k decoding.
         top_k: candidates scored per step (the paper's k = 20).
@@ -321,26 +344,26 @@ class RewardGuidedDecoding(OutputControl):
                 "Fix: use backend=huggingface."
             )
         reward, reward_tokenizer = load_model(self.reward_model, head="sequence_classification", with_tokenizer=True)
-        try:
-            classifier_parts(reward)
-            classes = int(getattr(reward.config, "num_labels", 1))
-            if self.label is not None and self.label >= max(classes, 1):
-                raise ValueError(
-                    f"RewardGuidedDecoding.label={self.label} but reward_model={self.reward_model!r} has {classes} "
-                    f"class(es). Fix: label in 0..{max(classes, 1) - 1}, or None for the last class."
-                )
-        except ValueError:
+        classes = int(getattr(reward.config, "num_labels", 1))
+        if self.label is not None and self.label >= max(classes, 1):
             del reward
             gc.collect()
-            raise
-        shared = same_vocabulary(tokenizer, reward_tokenizer) and (
-            reward.get_input_embeddings().num_embeddings >= output_vocab_size(model)
-        )
-        if not shared and tokenizer is None:
-            raise RuntimeError(
-                "RewardGuidedDecoding needs the model's tokenizer to re-tokenize text for a reward model with "
-                "another vocabulary. Fix: build the pipeline with its tokenizer."
+            raise ValueError(
+                f"RewardGuidedDecoding.label={self.label} but reward_model={self.reward_model!r} has {classes} "
+                f"class(es). Fix: label in 0..{max(classes, 1) - 1}, or None for the last class."
             )
+        shared = (
+            decoder_parts(reward) is not None
+            and same_vocabulary(tokenizer, reward_tokenizer)
+            and reward.get_input_embeddings().num_embeddings >= output_vocab_size(model)
+        )
+        if not shared:
+            if tokenizer is None:
+                raise RuntimeError(
+                    "RewardGuidedDecoding needs the model's tokenizer to re-tokenize text for this reward model. "
+                    "Fix: build the pipeline with its tokenizer."
+                )
+            _prepare_text_tokenizer(reward, reward_tokenizer, self.reward_model)
         self._reward = reward
         self._tokenizers = None if shared else (tokenizer, reward_tokenizer)
         return None

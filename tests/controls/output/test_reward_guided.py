@@ -235,3 +235,34 @@ def test_release_frees_the_reward_model():
     steered.release()
     gc.collect()
     assert control.reward is None and reward() is None and not control.uses_prefix_cache
+
+
+def test_an_encoder_classifier_scores_re_tokenized_text_even_with_the_same_vocabulary():
+    from transformers import BertConfig, BertForSequenceClassification
+
+    model, tok = build_tiny_model()
+    _, reward_tok = build_tiny_model()  # the model's own vocabulary, but an encoder cannot use the prefix cache
+    config = BertConfig(
+        vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        encoder = BertForSequenceClassification(config).eval()
+    control = RewardGuidedDecoding(reward_model="encoder", label=0, top_k=3)
+    control.steer(model, tokenizer=tok, load_model=lambda ref, **kwargs: (encoder, reward_tok))
+    assert not control.uses_prefix_cache
+    assert (reward_tok.padding_side, reward_tok.truncation_side) == ("right", "left")
+    batch = tok(PROMPTS, return_tensors="pt", padding=True)
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    (processor,) = control.get_logits_processors(ids, {}, attention_mask=mask)
+    logits, full = _step_inputs(model, ids, mask)
+    candidates = logits.topk(3, dim=-1).indices
+    got = processor.rewards(ids, candidates)
+    for row in range(ids.shape[0]):
+        for j, token in enumerate(candidates[row]):
+            text = tok.decode(torch.cat([ids[row][full[row].bool()], token.view(1)]), skip_special_tokens=True)
+            with torch.no_grad():
+                want = torch.softmax(encoder(input_ids=reward_tok(text, return_tensors="pt")["input_ids"]).logits, -1)
+            assert math.isclose(float(got[row, j]), float(want[0, 0]), abs_tol=1e-5)
+    control.cleanup()
+    assert control.reward is None
