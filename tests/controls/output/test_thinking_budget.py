@@ -240,3 +240,25 @@ def test_call_kwargs_the_driver_owns_and_untokenizable_tags_are_refused(make_pip
     special = make_pipeline([ThinkingBudget(max_thinking_tokens=3, tags=["<|user|>", "<|assistant|>"])])
     with pytest.raises(ValueError, match="does not survive encode then decode"):
         special.generate(text=PROMPTS[0], max_new_tokens=8)
+
+
+@pytest.mark.filterwarnings("ignore:The 'initial' parameter is deprecated:DeprecationWarning")
+def test_the_provider_splits_the_driven_continuation_into_reasoning_and_answer(make_pipeline):
+    import anyio
+    from inspect_ai.model import ChatMessageUser, ContentReasoning, GenerateConfig
+
+    from steer_hydra.evaluation import ProviderOptions
+    from steer_hydra.evaluation.provider import SteeringPipelineModelAPI
+
+    pipeline = make_pipeline([NoPad(), ThinkingBudget(max_thinking_tokens=4)])
+    tok = pipeline.tokenizer
+    api = SteeringPipelineModelAPI("tiny", pipeline=pipeline, options=ProviderOptions())
+    config = GenerateConfig(max_tokens=14, temperature=0)
+    result = anyio.run(api.generate, [ChatMessageUser(content="hello there")], [], "auto", config)
+    chat = [{"role": "user", "content": "hello there"}]
+    (row,) = _rows([pipeline.generate(messages=chat, max_new_tokens=14, return_output=True)], tok.pad_token_id)
+    reasoning, text = result.choices[0].message.content
+    assert isinstance(reasoning, ContentReasoning)
+    assert reasoning.reasoning == tok.decode(row[4:8], skip_special_tokens=True).strip()
+    assert result.completion == tok.decode(row[13:], skip_special_tokens=True).lstrip() != ""
+    assert tok.decode(row[8:13]) == CLOSE
