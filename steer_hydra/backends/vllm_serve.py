@@ -29,6 +29,10 @@ text only; then the text (requested with special tokens kept) is re-tokenized wi
 the stop token the server reports (`stop_reason`, else eos on a `stop` finish) is appended. That fallback is
 logged once, since re-tokenized ids can differ from the generated ones at token boundaries.
 
+LoRA: a LoRA adapter in the pipeline (LoRAAdapter) must be one the server was started with (`--enable-lora
+--lora-modules NAME=PATH`); its requests name the adapter as their `model`. The backend refuses, naming the command
+line that serves it, when `/v1/models` does not list it.
+
 The API key is read from the environment variable named by `api_key_env` when the backend connects and is
 sent as `Authorization: Bearer ...`; it is never part of the options, the config or its digest.
 """
@@ -46,6 +50,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from steer_hydra.backends.engine import TokenEngineBackend
+from steer_hydra.backends.vllm import LoRAServing, lora_rank_bound
 from steer_hydra.core.rendering import encode_lock
 
 logger = logging.getLogger(__name__)
@@ -277,7 +282,7 @@ def ids_from_choice(choice: Mapping[str, Any], tokenizer: Any) -> list[int]:
     return ids
 
 
-class VLLMServeBackend(TokenEngineBackend):
+class VLLMServeBackend(LoRAServing, TokenEngineBackend):
     """A vLLM OpenAI-compatible server: input controls, lowered stopping rules and sampled best-of-n run there.
 
     Attributes after `load()`: `served_model` (the name sent as `model`), `retries` (transport retries so far).
@@ -332,6 +337,7 @@ class VLLMServeBackend(TokenEngineBackend):
         )
         try:
             self.served_model = settings.model or self._discover_model(model_name_or_path)
+            self._check_lora_served()
         except BaseException:
             self._close()
             raise
@@ -354,7 +360,8 @@ class VLLMServeBackend(TokenEngineBackend):
 
     def _discover_model(self, model_name_or_path: str | None) -> str:
         payload = self._request("GET", "/v1/models")
-        ids = [str(m.get("id")) for m in payload.get("data", []) if isinstance(m, Mapping)]
+        # LoRA adapters are listed beside their base model, with the base as their `parent`
+        ids = [str(m.get("id")) for m in payload.get("data", []) if isinstance(m, Mapping) and not m.get("parent")]
         if self.settings.launch and model_name_or_path not in ids:  # launched: served under the model reference
             raise ValueError(
                 f"The launched server at {self.settings.base_url} serves {ids}, not this job's model "
@@ -368,6 +375,26 @@ class VLLMServeBackend(TokenEngineBackend):
             f"The server at {self.settings.base_url} serves {ids or 'no models'}; cannot tell which to use. "
             "Fix: set backend option model= to one of them."
         )
+
+    def _check_lora_served(self) -> None:
+        """Refuse a LoRA adapter the server does not list in `/v1/models`, naming the command line that serves it."""
+        if self._lora is None:
+            return
+        payload = self._request("GET", "/v1/models")
+        ids = [str(m.get("id")) for m in payload.get("data", []) if isinstance(m, Mapping)]
+        if self._lora.name in ids:
+            return
+        name, path, rank = self._lora.name, self._lora.path, lora_rank_bound(self._lora.rank)
+        raise ValueError(
+            f"The server at {self.settings.base_url} does not serve the LoRA adapter {name!r} (it lists {ids}). "
+            f"Fix: start it with `--enable-lora --max-lora-rank {rank} --lora-modules {name}={path}` (with "
+            f"launch=true: backend.options.launch_args=[--enable-lora,--max-lora-rank,{rank},--lora-modules,"
+            f"{name}={path}]), or set the LoRAAdapter's name to the name the server serves it under."
+        )
+
+    def _lora_fields(self, artifact: Any) -> dict[str, Any]:
+        """The adapter's name as the request's model (`completion_body` lets a row's fields name the model)."""
+        return {"model": artifact.name}
 
     def _close(self) -> None:
         client, self._client = self._client, None

@@ -1,2 +1,2 @@
-"""Steering methods, one module per method, grouped by category (input, state, output; structural controls
-subclass `core.controls.StructuralControl`, none built in yet)."""
+"""Steering methods, one module per method, grouped by category: input, state, output and structural (controls that
+change the model itself at `steer()`, e.g. `structural.LoRAAdapter`)."""
