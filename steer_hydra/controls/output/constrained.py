@@ -212,7 +212,10 @@ class GrammarLogitsProcessor:
             if token in self.eos and state.matcher.is_accepting():
                 state.done = True
             elif not state.matcher.consume_token(token):
-                self._warn(f"token {token} is outside the grammar ({state.matcher.get_error()[:200]})")
+                self._warn(
+                    f"token {token} is outside its grammar ({state.matcher.get_error()[:200]}): another output "
+                    "control changed the scores after the grammar mask"
+                )
                 state.done = True
             consumed.append(token)
 
@@ -220,8 +223,7 @@ class GrammarLogitsProcessor:
         if not self._warned:
             self._warned = True
             logger.warning(
-                "ConstrainedDecoding: a row left its constraint (%s), so the rest of it is not constrained; "
-                "another output control changed the scores after the grammar mask.",
+                "ConstrainedDecoding: a row left its constraint (%s); the rest of that row is not constrained.",
                 why,
             )
 
@@ -243,7 +245,7 @@ class GrammarLogitsProcessor:
         for j, i in enumerate(active):
             allowed[j, eos] = states[i].matcher.is_accepting()
             if not allowed[j].any():  # nothing can follow (the tokenizer cannot spell the rest): end the row
-                self._warn("no token can continue it")
+                self._warn("no token can continue it, so it ends here")
                 allowed[j, eos] = True
         rows = torch.tensor(active, device=scores.device)
         out = scores.clone()
@@ -269,8 +271,9 @@ class ConstrainedDecoding(OutputControl):
         json_schema: the output is a JSON value valid under this schema (a dict, or its JSON text).
         At most one is set; with none, only rows that bring a runtime constraint are constrained.
         compact_json: JSON outputs carry no whitespace between tokens (default: any whitespace, as vLLM's
-            default), which keeps a model from spending its token budget on whitespace. On vLLM this is the
-            engine's `structured_outputs_config.disable_any_whitespace`, set in the backend options.
+            default), which keeps a model from spending its token budget on whitespace. On vLLM this is an
+            engine setting: `structured_outputs_config: {backend: guidance, disable_any_whitespace: true}` in the
+            backend options (`xgrammar` also takes it).
 
     Runtime kwargs (row scope, one per row or one for every row; a row's runtime constraint replaces the fixed
     one; a row with none of the three and no fixed constraint decodes freely): `constrain_regex` (str),
@@ -361,14 +364,17 @@ class ConstrainedDecoding(OutputControl):
             f"Fix: {INSTALL_HINT}, or use backend=vllm / vllm_serve (vLLM's structured outputs)."
         ]
 
-    def steer(self, model: torch.nn.Module | None, tokenizer: Any = None, backend: str | None = None, **kwargs: Any):
+    def steer(
+        self, model: torch.nn.Module | None, tokenizer: Any = None, backend: str | None = None, **kwargs: Any
+    ) -> None:
         self._backend_kind = backend or "huggingface"
         if self._backend_kind in ENGINE_KINDS:
             if self.compact_json:
                 logger.info(
                     "ConstrainedDecoding.compact_json is an engine setting on backend=%s: set "
-                    "structured_outputs_config.disable_any_whitespace=true where the engine starts (backend.options "
-                    "for vllm, the server's --structured-outputs-config for vllm_serve).",
+                    "structured_outputs_config.disable_any_whitespace=true (with backend guidance or xgrammar) where "
+                    "the engine starts (backend.options for vllm, the server's --structured-outputs-config for "
+                    "vllm_serve).",
                     self._backend_kind,
                 )
             return None

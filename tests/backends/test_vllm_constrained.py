@@ -1,0 +1,105 @@
+"""ConstrainedDecoding on the vLLM backends: each row's constraint travels as vLLM's structured outputs.
+
+Offline (`backend=vllm`, a real engine on the tiny head-dim-64 model, marked `vllm`): outputs satisfy a regex, a
+choice list and a JSON schema, greedy and sampled, with `n` candidates, and rows with different constraints (and a
+free row) share one call. Served (`backend=vllm_serve`): each request body carries its row's `structured_outputs`,
+checked on the loopback server (no vLLM needed).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+from vllm_real import CHATS, ENGINE_OPTIONS, TINY64, steered
+
+from steer_hydra.controls.output import ConstrainedDecoding
+from steer_hydra.core import BackendSpec, SteeringPipeline
+from steer_hydra.models import build_tiny_model
+from steer_hydra.testing.loopback_server import LoopbackCompletionsServer
+
+REGEX = r"(cat|dog)-[0-9]{1,3}"
+CHOICES = ["yes", "no", "maybe so"]
+SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"enum": ["yes", "no"]}, "n": {"type": "integer", "minimum": 0, "maximum": 99}},
+    "required": ["answer", "n"],
+    "additionalProperties": False,
+}
+# llguidance in the engine too, with compact JSON (an engine setting; ConstrainedDecoding.compact_json is its Hugging
+# Face twin): a random model otherwise spends its budget on whitespace
+OPTIONS = {**ENGINE_OPTIONS, "structured_outputs_config": {"backend": "guidance", "disable_any_whitespace": True}}
+
+
+def on_engine(test):
+    """Mark a test that runs a real vLLM engine (skipped where vLLM is not importable)."""
+    for mark in (
+        pytest.mark.vllm,
+        pytest.mark.timeout(900),
+        pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+        pytest.mark.filterwarnings("ignore::FutureWarning"),
+    ):
+        test = mark(test)
+    return test
+
+
+@pytest.fixture(scope="module")
+def engine():
+    """The tiny64 model on an offline vLLM engine with a ConstrainedDecoding that constrains nothing by itself."""
+    with steered(TINY64, [ConstrainedDecoding()], BackendSpec("vllm", OPTIONS)) as pipeline:
+        yield pipeline
+
+
+def _texts(pipeline, runtime_kwargs, chats=CHATS[:4], **kwargs):
+    outputs = pipeline.generate(
+        messages=chats, runtime_kwargs=runtime_kwargs, return_output=True, max_new_tokens=24, **kwargs
+    )
+    return [text for o in outputs for text in o.decode(pipeline.tokenizer)]
+
+
+def _valid(kind: str, text: str) -> bool:
+    if kind == "constrain_regex":
+        return re.fullmatch(REGEX, text) is not None
+    if kind == "constrain_choices":
+        return text in CHOICES
+    try:
+        jsonschema.validate(json.loads(text), SCHEMA)
+    except (ValueError, jsonschema.ValidationError):
+        return False
+    return True
+
+
+VALUES = {"constrain_regex": REGEX, "constrain_choices": CHOICES, "constrain_json_schema": SCHEMA}
+
+
+@pytest.mark.parametrize("kind", list(VALUES))
+@pytest.mark.parametrize("draw", [{}, {"do_sample": True, "temperature": 1.3, "seed": 5, "n": 2}], ids=["greedy", "n2"])
+@on_engine
+def test_outputs_satisfy_each_kind_of_constraint(engine, kind, draw):
+    texts = _texts(engine, {kind: VALUES[kind]}, **draw)
+    assert len(texts) == 4 * draw.get("n", 1)
+    assert all(_valid(kind, t) for t in texts), texts
+    assert not all(_valid(kind, t) for t in _texts(engine, {}, **draw))  # unconstrained rows do not comply
+
+
+@on_engine
+def test_per_row_constraints_share_one_call_and_a_free_row_decodes_freely(engine):
+    kinds = list(VALUES)
+    kwargs = {kind: [VALUES[kind] if i == k else None for i in range(4)] for k, kind in enumerate(kinds)}
+    texts = _texts(engine, kwargs)
+    assert all(_valid(kind, texts[k]) for k, kind in enumerate(kinds)), texts
+    assert texts[3] == _texts(engine, {})[3]  # the row without a constraint is untouched
+    assert all(_texts(engine, {kind: VALUES[kind]}, [CHATS[k]])[0] == texts[k] for k, kind in enumerate(kinds))
+
+
+def test_served_requests_carry_each_rows_structured_outputs():
+    model, tokenizer = build_tiny_model()
+    with LoopbackCompletionsServer(SteeringPipeline(model=model, tokenizer=tokenizer).steer()) as server:
+        spec = BackendSpec("vllm_serve", {"base_url": server.base_url})
+        with SteeringPipeline(tokenizer=tokenizer, controls=[ConstrainedDecoding()], backend=spec).steer() as client:
+            kwargs = {"constrain_choices": [CHOICES, None, None], "constrain_json_schema": [None, SCHEMA, None]}
+            client.generate(text=["a b", "c d e f", "g"], runtime_kwargs=kwargs, max_new_tokens=4)
+            bodies = sorted((r.body for r in server.completion_requests()), key=lambda b: len(b["prompt"]))
+    assert [b.get("structured_outputs") for b in bodies] == [None, {"choice": CHOICES}, {"json": SCHEMA}]
