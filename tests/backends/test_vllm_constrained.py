@@ -2,22 +2,28 @@
 
 Offline (`backend=vllm`, a real engine on the tiny head-dim-64 model, marked `vllm`): outputs satisfy a regex, a
 choice list and a JSON schema, greedy and sampled, with `n` candidates, and rows with different constraints (and a
-free row) share one call. Served (`backend=vllm_serve`): each request body carries its row's `structured_outputs`,
-checked on the loopback server (no vLLM needed).
+free row) share one call. Served (`backend=vllm_serve`): each request body carries its row's `structured_outputs`
+(the loopback server, no vLLM needed), and a real `vllm serve` of the same model (marked `vllm`) honours them.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
+import time
 
+import httpx
 import jsonschema
 import pytest
+from test_vllm_serve_engine import BOOT_TIMEOUT_S, SERVER_MODULE, _free_port, _stop
 from vllm_real import CHATS, ENGINE_OPTIONS, TINY64, steered
 
 from steer_hydra.controls.output import ConstrainedDecoding
 from steer_hydra.core import BackendSpec, SteeringPipeline
-from steer_hydra.models import build_tiny_model
+from steer_hydra.models import build_tiny_model, resolve_model_reference
 from steer_hydra.testing.loopback_server import LoopbackCompletionsServer
 
 REGEX = r"(cat|dog)-[0-9]{1,3}"
@@ -103,3 +109,46 @@ def test_served_requests_carry_each_rows_structured_outputs():
             client.generate(text=["a b", "c d e f", "g"], runtime_kwargs=kwargs, max_new_tokens=4)
             bodies = sorted((r.body for r in server.completion_requests()), key=lambda b: len(b["prompt"]))
     assert [b.get("structured_outputs") for b in bodies] == [None, {"choice": CHOICES}, {"json": SCHEMA}]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """`vllm serve` of the tiny64 model (llguidance, compact JSON) on a free loopback port; a pipeline on it."""
+    port = _free_port()
+    command = [sys.executable, "-m", SERVER_MODULE, "--model", resolve_model_reference(TINY64), "--port", str(port)]
+    command += ["--host", "127.0.0.1", "--dtype", "float32", "--max-model-len", "512", "--enforce-eager"]
+    command += ["--seed", "0", "--max-num-seqs", "16", "--disable-log-stats"]
+    command += ["--structured-outputs-config", json.dumps(OPTIONS["structured_outputs_config"])]
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    log = tmp_path_factory.mktemp("vllm_serve_constrained") / "server.log"
+    with open(log, "w") as sink:
+        process = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + BOOT_TIMEOUT_S
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"vllm serve exited with {process.returncode}:\n{log.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"vllm serve not healthy after {BOOT_TIMEOUT_S}s:\n{log.read_text()[-3000:]}")
+            time.sleep(1)
+        with steered(TINY64, [ConstrainedDecoding()], BackendSpec("vllm_serve", {"base_url": base_url})) as pipeline:
+            yield pipeline
+    finally:
+        _stop(process)
+
+
+@on_engine
+def test_a_real_server_honours_each_rows_constraint(served):
+    kinds = list(VALUES)
+    kwargs = {kind: [VALUES[kind] if i == k else None for i in range(4)] for k, kind in enumerate(kinds)}
+    texts = _texts(served, kwargs)
+    assert all(_valid(kind, texts[k]) for k, kind in enumerate(kinds)), texts
+    assert texts[3] == _texts(served, {})[3]  # the free row
+    sampled = _texts(served, {"constrain_choices": CHOICES}, do_sample=True, temperature=1.3, seed=2, n=2)
+    assert len(sampled) == 8 and all(t in CHOICES for t in sampled)

@@ -249,7 +249,12 @@ class GrammarLogitsProcessor:
                 allowed[j, eos] = True
         rows = torch.tensor(active, device=scores.device)
         out = scores.clone()
-        out[rows] = scores[rows].masked_fill(~allowed.to(scores.device), -float("inf"))
+        masked = scores[rows].masked_fill(~allowed.to(scores.device), -float("inf"))
+        # an earlier processor may have banned what the grammar needs (min_new_tokens bans eos): the row ends
+        dead = torch.isneginf(masked).all(dim=-1)
+        if eos and bool(dead.any()):
+            masked[dead.nonzero().flatten().unsqueeze(-1), torch.tensor(eos, device=scores.device)] = 0.0
+        out[rows] = masked
         return out
 
 

@@ -66,6 +66,13 @@ def test_outputs_are_one_of_the_choices(make_pipeline, draw):
     assert all(t in CHOICES for t in many) and len(set(many)) > 1  # every candidate of n, and not all the same
 
 
+def test_a_complete_output_ends_even_where_min_new_tokens_bans_eos(make_pipeline):
+    pipeline = make_pipeline([ConstrainedDecoding(choices=["yes", "no"])], chat=False)
+    for draw in DRAWS[:2]:
+        texts, _ = _texts(pipeline, PROMPTS, min_new_tokens=6, **draw)
+        assert all(t in ("yes", "no") for t in texts), texts
+
+
 @pytest.mark.parametrize("draw", DRAWS[:3], ids=["greedy", "sampled0", "sampled1"])
 def test_outputs_parse_as_json_valid_for_the_schema(make_pipeline, draw):
     pipeline = make_pipeline([ConstrainedDecoding(json_schema=SCHEMA, compact_json=True)], chat=False)
