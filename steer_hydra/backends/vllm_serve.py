@@ -387,9 +387,11 @@ class VLLMServeBackend(LoRAServing, TokenEngineBackend):
         name, path, rank = self._lora.name, self._lora.path, lora_rank_bound(self._lora.rank)
         raise ValueError(
             f"The server at {self.settings.base_url} does not serve the LoRA adapter {name!r} (it lists {ids}). "
-            f"Fix: start it with `--enable-lora --max-lora-rank {rank} --lora-modules {name}={path}` (with "
-            f"launch=true: backend.options.launch_args=[--enable-lora,--max-lora-rank,{rank},--lora-modules,"
-            f"{name}={path}]), or set the LoRAAdapter's name to the name the server serves it under."
+            f"Fix: start it with `--enable-lora --max-lora-rank {rank} --max-loras 2 --lora-modules {name}={path}` "
+            f"(with launch=true: backend.options.launch_args=[--enable-lora,--max-lora-rank,{rank},--max-loras,2,"
+            f"--lora-modules,{name}={path}]), or set the LoRAAdapter's name to the name the server serves it under. "
+            "(--max-loras 2 keeps an empty slot: on a CPU, vLLM gives base requests batched beside adapter ones the "
+            "last slot's adapter.)"
         )
 
     def _lora_fields(self, artifact: Any) -> dict[str, Any]:

@@ -61,7 +61,9 @@ def test_serve_refuses_an_adapter_the_server_does_not_list_naming_the_command_li
     with pytest.raises(ValueError, match="does not serve the LoRA adapter") as info:
         pipeline.steer()
     message = str(info.value)
-    assert f"--enable-lora --max-lora-rank 8 --lora-modules {control_name}={tmp_path / 'adapter'}" in message
+    assert (
+        f"--enable-lora --max-lora-rank 8 --max-loras 2 --lora-modules {control_name}={tmp_path / 'adapter'}" in message
+    )
     assert "launch_args=[--enable-lora" in message and "['tiny']" in message
     assert not pipeline.is_steered
 
@@ -155,3 +157,39 @@ def test_a_batch_mixing_adapter_and_base_requests_gives_each_row_what_it_gets_al
     alone = [backend._complete([p], [f])[0][0] for p, f in zip(prompts, fields, strict=True)]
     assert mixed == alone
     assert mixed[0] != backend._complete([prompts[0]], [sampling_fields(params)])[0][0]
+
+
+@pytest.mark.vllm
+def test_a_launched_server_with_the_adapter_serves_it_like_hugging_face(tiny64_adapter, tmp_path, record_property):
+    from vllm_real import MIN_AGREEMENT, TINY64, agreement, generate, rows, steered
+
+    from steer_hydra.backends.vllm_launch import launch_server
+
+    name = LoRAAdapter(adapter=tiny64_adapter).adapter_name
+    lora_args = [
+        "--enable-lora",
+        "--max-lora-rank",
+        "8",
+        "--max-loras",
+        "2",
+        "--lora-modules",
+        f"{name}={tiny64_adapter}",
+    ]
+    options = {"launch": True, "launch_timeout": 300, "launch_args": [*lora_args, "--max-model-len", "512"]}
+    config = {
+        "model": {"model_name_or_path": TINY64, "hf_model_kwargs": {"dtype": "float32"}},
+        "backend": {"options": options},
+    }
+    server = launch_server(config, tmp_path)
+    try:
+        spec = BackendSpec("vllm_serve", {"base_url": server.base_url})
+        with steered(TINY64, [LoRAAdapter(adapter=tiny64_adapter)], spec) as pipeline:
+            assert pipeline.backend_identity()["served_model"] == TINY64  # the adapter's entry is not the base
+            adapted = rows(pipeline, generate(pipeline))
+        with steered(TINY64, [], spec) as pipeline:
+            base = rows(pipeline, generate(pipeline))
+    finally:
+        server.stop()
+    assert agreement("served lora", _hf_rows(tiny64_adapter), adapted, record_property) >= MIN_AGREEMENT
+    assert agreement("served lora server, base rows", _hf_rows(None), base, record_property) >= MIN_AGREEMENT
+    assert sum(a != b for a, b in zip(adapted, base, strict=True)) >= len(base) // 2
