@@ -408,8 +408,10 @@ class SteeringPipelineModelAPI(ModelAPI):
             if value is None:
                 continue
             if name == "response_schema" and RESPONSE_SCHEMA_RUNTIME_KWARG in self._declared_scopes:
-                # an enabled constrained-decoding control enforces it; a sample's own constraint wins
-                if not any(name in per_sample for name in CONSTRAINT_RUNTIME_KWARGS):
+                # an enabled constrained-decoding control enforces it; a constraint of the sample's (or a static
+                # one from the options) wins
+                given = set(per_sample) | set(self._options.runtime_kwargs or {})
+                if given.isdisjoint(CONSTRAINT_RUNTIME_KWARGS):
                     per_sample[RESPONSE_SCHEMA_RUNTIME_KWARG] = value.json_schema.model_dump(exclude_none=True)
                 continue
             self._unsupported(f"GenerateConfig.{name}", name, value)

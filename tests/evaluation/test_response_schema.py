@@ -98,6 +98,11 @@ def test_a_disabled_control_declares_nothing_so_the_policy_applies(make_pipeline
     enabled = as_inspect_model(make_pipeline([ConstrainedDecoding()])).api
     _, per_sample, _ = enabled._map_generate_config(config)
     assert per_sample == {RESPONSE_SCHEMA_RUNTIME_KWARG: SCHEMA.model_dump(exclude_none=True)}
+    static = ProviderOptions(runtime_kwargs={"constrain_regex": "[a-z]+"})
+    _, per_sample, _ = as_inspect_model(
+        make_pipeline([ConstrainedDecoding()]), options=static
+    ).api._map_generate_config(config)
+    assert per_sample == {}  # a static constraint of the options wins too
 
 
 def _is_json(text: str) -> bool:
