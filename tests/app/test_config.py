@@ -32,12 +32,29 @@ def test_defaults_are_the_offline_smollm2_baseline_on_smoke(compose_cfg):
 
 
 # control options with a required (`???`) argument, and the value the test gives it on the tiny model
-REQUIRED_CONTROL_ARGS = {"contrastive_decoding": ["arm.controls.slot.amateur='steer_hydra:tiny?seed=1&hidden_size=32'"]}
+REQUIRED_CONTROL_ARGS = {  # the options whose required argument (???) has no offline default
+    "contrastive_decoding": ["arm.controls.slot.amateur='steer_hydra:tiny?seed=1&hidden_size=32'"],
+    "reward_guided_decoding": ["arm.controls.slot.reward_model='steer_hydra:tiny-reward'"],
+}
+
+
+@pytest.fixture(scope="module")
+def lora_folder(tmp_path_factory):
+    """A random LoRA adapter of the tiny model (lora_adapter's required `adapter`; none ships offline)."""
+    from peft import LoraConfig, get_peft_model
+
+    folder = tmp_path_factory.mktemp("lora") / "adapter"
+    model, _ = build_tiny_model()
+    get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"])).save_pretrained(str(folder))
+    return folder
 
 
 @pytest.mark.parametrize("option", options("control"))
-def test_every_control_option_instantiates(compose_cfg, option):
-    cfg = compose_cfg([f"+control@arm.controls.slot={option}", *REQUIRED_CONTROL_ARGS.get(option, [])])
+def test_every_control_option_instantiates(compose_cfg, option, request):
+    required = list(REQUIRED_CONTROL_ARGS.get(option, []))
+    if option == "lora_adapter":
+        required.append(f"arm.controls.slot.adapter='{request.getfixturevalue('lora_folder')}'")
+    cfg = compose_cfg([f"+control@arm.controls.slot={option}", *required])
     (control,) = build_controls(cfg.arm.controls)
     assert isinstance(control, BaseControl)
     model, tokenizer = build_tiny_model()
