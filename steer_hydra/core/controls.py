@@ -192,12 +192,20 @@ class BaseControl:
         """The Args fields by name (not copied: a scorer or a model in an argument stays one object)."""
         return {f.name: getattr(self.args, f.name) for f in dataclasses.fields(self.args)} if self.args else {}
 
+    @classmethod
+    def content_digests(cls, args: Mapping[str, Any]) -> dict[str, str]:
+        """Digests of the files these constructor arguments name whose content belongs to the configuration's
+        identity (e.g. an adapter's weights), so a changed file gives a new configuration id; {} by default."""
+        return {}
+
     def descriptor(self) -> dict[str, Any]:
-        """The control's identity for configuration digests: class, canonical args, enabled."""
+        """The control's identity for configuration digests: class, canonical args, enabled (and the content digests
+        of files its args name)."""
         return {
             "control": f"{type(self).__module__}.{type(self).__qualname__}",
             "args": self.arg_values(),
             "enabled": self.enabled,
+            **type(self).content_digests(self.arg_values()),
         }
 
     def __repr__(self) -> str:

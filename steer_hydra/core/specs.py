@@ -154,11 +154,16 @@ class ControlSpec:
         return recorded
 
     def descriptor(self, chosen: Mapping[str, Any]) -> dict[str, Any]:
-        """Identity of one point for configuration digests (factories by function name)."""
+        """Identity of one point for configuration digests (factories by function name), with the content digests
+        of files its plain args name (`content_digests` of the control class)."""
+        args = {**self.params, **chosen}
+        plain = {k: v for k, v in args.items() if not isinstance(v, Factory)}
+        digests = getattr(self.control_cls, "content_digests", None)
         return {
             "control": f"{self.control_cls.__module__}.{self.control_cls.__qualname__}",
             "spec": self.name,
-            "args": {**self.params, **chosen},
+            "args": args,
+            **(digests(plain) if digests is not None else {}),
         }
 
     def build(self, chosen: Mapping[str, Any], context: Mapping[str, Any] | None = None) -> Any:

@@ -219,9 +219,14 @@ class LoRAAdapter(StructuralControl):
         """The adapter's content digest (`adapter_sha256`), recorded in provenance."""
         return self.adapter_sha256
 
-    def descriptor(self) -> dict[str, Any]:
-        """Class, args and `enabled`, plus the adapter's content digest: new weights give a new configuration id."""
-        return {**super().descriptor(), "adapter_sha256": self.adapter_sha256}
+    @classmethod
+    def content_digests(cls, args: Mapping[str, Any]) -> dict[str, str]:
+        """The adapter's content digest (`adapter_sha256`): new weights give a new configuration id, also for a
+        `ControlSpec` sweep (which names the folder before any control is built)."""
+        folder = Path(args["adapter"]).expanduser().resolve() if args.get("adapter") else None
+        if folder is None or not all((folder / name).is_file() for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS)):
+            return {}  # nothing to digest: building the control refuses the folder, naming the fix
+        return {"adapter_sha256": adapter_digest(folder)}
 
     # ------------------------------------------------------------------ declarations
     def requirements(self) -> frozenset[Capability]:

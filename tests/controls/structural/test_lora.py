@@ -13,7 +13,8 @@ from steer_hydra.controls.structural import LoRAAdapter, adapter_digest
 from steer_hydra.core import SteeringPipeline
 from steer_hydra.core.capabilities import UnsupportedPipelineError
 from steer_hydra.core.identity import config_digest
-from steer_hydra.core.sweeps import config_descriptor_from_controls
+from steer_hydra.core.specs import ControlSpec
+from steer_hydra.core.sweeps import config_descriptor_from_controls, config_descriptor_from_specs
 from steer_hydra.models import TINY_REF, TinySpec, build_tiny_model
 
 PROMPTS = ["hello there cat and dog", "a", "what is the capital of france"]
@@ -148,6 +149,13 @@ def test_identity_follows_the_adapter_content(tmp_path, adapter):
     changed = LoRAAdapter(adapter=str(folder))
     assert changed.adapter_sha256 != digest and control.adapter_sha256 == changed.adapter_sha256
     assert config_digest(config_descriptor_from_controls([changed])) != config_id
+    # a ControlSpec sweep names the folder before building any control: its id follows the content too
+    spec = [ControlSpec(LoRAAdapter, params={"adapter": str(folder)})]
+    spec_id = config_digest(config_descriptor_from_specs(spec, [{}]))
+    save_adapter(folder, seed=2)
+    assert config_digest(config_descriptor_from_specs(spec, [{}])) != spec_id
+    save_adapter(folder, seed=1)
+    assert config_digest(config_descriptor_from_specs(spec, [{}])) == spec_id
     assert LoRAAdapter(adapter=str(folder), name="mine").adapter_name == "mine"
     artifact = changed.export_lora()
     assert (artifact.name, artifact.path, artifact.rank, artifact.use_dora) == (
