@@ -1,8 +1,11 @@
-"""Smoke sweeps of the newest controls through the app: each arm beside the baseline, in one process.
+"""Smoke sweeps of the newest controls through the app: every control's arm beside the baseline, one sweep per model.
 
-DirectionalAblation runs on SmolLM2 (its shipped arm fits the direction from contrastive pairs); ContrastiveDecoding
-on the tiny model with a tiny amateur of another seed and width (the tiny tokenizer): each sweep's completions must
-change against the baseline on some sample, and its results table must name both arms with their config ids.
+On SmolLM2: DirectionalAblation (its shipped arm fits the direction from contrastive pairs), LoRAAdapter (a random
+adapter of SmolLM2 built here: nothing ships offline), ConstrainedDecoding (a fixed choice list) and ThinkingBudget (a
+thinking cap the driver opens and closes). On the tiny model, where a second model is needed: ContrastiveDecoding (a
+tiny amateur of another seed and width) and RewardGuidedDecoding (the tiny reward model, the tiny tokenizer). The
+arms without a shipped one come from a search path, as a user's would. Each arm must change some completion against
+the baseline's, and the results table must name every arm with its config id.
 """
 
 from __future__ import annotations
@@ -15,51 +18,83 @@ from app_helpers import job_records, sweep_dir
 
 SMALL = ["suite.limit=1", "suite.generate_overrides.max_tokens=8", "logger=none", "progress=false"]
 AMATEUR = "steer_hydra:tiny?seed=1&hidden_size=32"
+CHOICES = ["yes", "no", "maybe"]
 
 
-def _check(folder: Path, arm: str, out: str) -> str:
-    """The arm changed some completion against the baseline's on the same sample, and the results table (the file and
-    the printed one) names both arms, the file with their config ids; returns the arm's config id."""
+def _arms(root: Path, arms: dict[str, str]) -> str:
+    """Write `{name: controls YAML}` as arm files under `root/arm`; returns the search-path override."""
+    folder = root / "user_conf" / "arm"
+    folder.mkdir(parents=True)
+    for name, body in arms.items():
+        (folder / f"{name}.yaml").write_text(f"# @package arm\n{body}\nname: {name}\n")
+    return f"hydra.searchpath=[file://{root / 'user_conf'}]"
+
+
+def _check(folder: Path, arms: list[str], out: str) -> dict[str, str]:
+    """Each arm changed some completion against the baseline's on the same sample, and the results table (the file and
+    the printed one) names every arm, the file with their config ids; returns `{arm: config id}`."""
     samples = pd.read_csv(folder / "samples.csv")
     keys = ["task", "sample_id", "trial_id"]
     base = samples[samples["arm"] == "baseline"].drop_duplicates(keys).set_index(keys)["completion"]
-    steered = samples[samples["arm"] == arm].drop_duplicates(keys).set_index(keys)["completion"]
-    assert len(steered) > 0 and set(steered.index) == set(base.index)
-    assert (steered != base.loc[steered.index]).any(), f"{arm} left every completion as the baseline's"
     table = pd.read_csv(folder / "results_table.csv")
     ids = dict(zip(table["arm"], table["config_id"], strict=False))
-    assert set(ids) == {"baseline", arm} and ids["baseline"] == "baseline" and len(ids[arm]) == 12
-    assert table.loc[table["arm"] == arm, "changed"].max() > 0
-    assert " baseline " in out and f" {arm} " in out
-    return ids[arm]
+    assert set(ids) == {"baseline", *arms} and ids["baseline"] == "baseline"
+    assert " baseline " in out
+    for arm in arms:
+        steered = samples[samples["arm"] == arm].drop_duplicates(keys).set_index(keys)["completion"]
+        assert len(steered) > 0 and set(steered.index) == set(base.index), arm
+        assert (steered != base.loc[steered.index]).any(), f"{arm} left every completion as the baseline's"
+        assert len(ids[arm]) == 12 and table.loc[table["arm"] == arm, "changed"].max() > 0, arm
+        assert f" {arm} " in out, arm
+    return ids
 
 
-@pytest.mark.slow
-def test_directional_ablation_sweep_on_smollm2_changes_completions(run_main, tmp_path):
-    code, out, err = run_main("--multirun", "model=smollm2", "arm=baseline,directional_ablation", *SMALL)
+def _sweep(run_main, tmp_path: Path, model: str, search: str, arms: list[str]) -> pd.DataFrame:
+    """Run the baseline and `arms` as one sweep and check it (`_check`); returns the sweep's samples."""
+    code, out, err = run_main("--multirun", f"model={model}", search, f"arm=baseline,{','.join(arms)}", *SMALL)
     assert code == 0, err[-3000:]
     sweep = sweep_dir(tmp_path)
-    config_id = _check(sweep / "aggregate", "directional_ablation", out)
-    assert {(r["arm"], r["config_id"]) for r in job_records(sweep)} == {
-        ("baseline", "baseline"),
-        ("directional_ablation", config_id),
-    }
+    ids = _check(sweep / "aggregate", arms, out)
+    assert {(r["arm"], r["config_id"]) for r in job_records(sweep)} == set(ids.items())
+    return pd.read_csv(sweep / "aggregate" / "samples.csv")
 
 
 @pytest.mark.slow
-def test_contrastive_decoding_sweep_on_tiny_changes_completions(run_main, tmp_path):
-    arm_dir = tmp_path / "user_conf" / "arm"  # the control ships no arm: a user's, from the search path
-    arm_dir.mkdir(parents=True)
-    (arm_dir / "contrastive.yaml").write_text(
-        "# @package arm\ndefaults:\n  - /control@controls.cd: contrastive_decoding\n\nname: contrastive\n"
-        f"controls:\n  cd:\n    amateur: '{AMATEUR}'\n"
+def test_state_structural_and_output_controls_on_smollm2_change_completions(run_main, tmp_path):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from steer_hydra.models import resolve_model_reference
+
+    adapter = tmp_path / "adapter"
+    model = AutoModelForCausalLM.from_pretrained(resolve_model_reference("steer_hydra:smollm2"))
+    config = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    get_peft_model(model, config).save_pretrained(str(adapter))
+    del model
+    search = _arms(
+        tmp_path,
+        {
+            "lora": f"defaults:\n  - /control@controls.lora: lora_adapter\ncontrols:\n  lora: {{adapter: '{adapter}'}}",
+            "constrained": f"defaults:\n  - /control@controls.cd: constrained_decoding\n"
+            f"controls:\n  cd: {{choices: {CHOICES}}}",
+            "thinking": "defaults:\n  - /control@controls.tb: thinking_budget\n"
+            "controls:\n  tb: {max_thinking_tokens: 3}",
+        },
     )
-    search = f"hydra.searchpath=[file://{tmp_path / 'user_conf'}]"
-    code, out, err = run_main("--multirun", "model=tiny", search, "arm=baseline,contrastive", *SMALL)
-    assert code == 0, err[-3000:]
-    sweep = sweep_dir(tmp_path)
-    config_id = _check(sweep / "aggregate", "contrastive", out)
-    assert {(r["arm"], r["config_id"]) for r in job_records(sweep)} == {
-        ("baseline", "baseline"),
-        ("contrastive", config_id),
-    }
+    arms = ["directional_ablation", "lora", "constrained", "thinking"]
+    samples = _sweep(run_main, tmp_path, "smollm2", search, arms)
+    assert set(samples.loc[samples["arm"] == "constrained", "completion"]) <= set(CHOICES)  # one of the choices
+
+
+@pytest.mark.slow
+def test_output_controls_with_a_second_model_on_tiny_change_completions(run_main, tmp_path):
+    search = _arms(
+        tmp_path,
+        {
+            "contrastive": f"defaults:\n  - /control@controls.cd: contrastive_decoding\n"
+            f"controls:\n  cd: {{amateur: '{AMATEUR}'}}",
+            "rad": "defaults:\n  - /control@controls.rad: reward_guided_decoding\n"
+            "controls:\n  rad: {reward_model: 'steer_hydra:tiny-reward'}",
+        },
+    )
+    _sweep(run_main, tmp_path, "tiny", search, ["contrastive", "rad"])
