@@ -1,4 +1,4 @@
-"""Generate time of each state control (and of contrastive decoding) relative to the unsteered pipeline, measured
+"""Generate time of each state, structural and batched output control relative to the unsteered pipeline, measured
 side by side in one run.
 
     .venv/bin/python benchmarks/control_overhead.py   # widened tiny model (8 layers, hidden 256), batch 8, 32 tokens
@@ -13,25 +13,36 @@ machine the fastest run is the steadier figure). ActAdd does not batch, so its r
 for the same prompts (`--batch` calls of batch 1), with its batch-1 ratio alongside.
 
 DirectionalAblation projects a given random unit direction out at every layer (its three hooks per layer are the
-cost; a fitted direction costs the same per call). ContrastiveDecoding runs its amateur beside the model at every
-step: `--amateur` (default: the stock tiny model, seed 1, when `--model` is a tiny one; it must share the model's
-vocabulary) names it, and without one for another model its row is left out.
+cost; a fitted direction costs the same per call). LoRAAdapter serves a random rank-8 adapter on every attention
+and MLP projection, built here for `--model` (merged into the weights, and as live LoRA layers).
+ConstrainedDecoding holds every row to a regex of lowercase words (a grammar mask per row and step).
+ContrastiveDecoding runs its amateur beside the model at every step, RewardGuidedDecoding its reward model on the
+top 20 candidates of every row: `--amateur` and `--reward` (default: the stock tiny model, seed 1, and the tiny
+reward model when `--model` is a tiny one; both must share the model's vocabulary) name them, and without one for
+another model their rows are left out. ThinkingBudget (a decoding driver) opens a thinking channel, caps it at half
+of `--new-tokens`, closes it and answers; a driver takes no `min_new_tokens`, so its rows run without one: the
+`tok/row` column gives the new tokens each arm generated per row (a random tiny model almost never ends early).
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import shutil
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 
 import torch
 
-from steer_hydra.controls.output import ContrastiveDecoding
+from steer_hydra.controls.output import ConstrainedDecoding, ContrastiveDecoding, RewardGuidedDecoding, ThinkingBudget
 from steer_hydra.controls.state import CAA, PASTA, ActAdd, DirectionalAblation
+from steer_hydra.controls.structural import LoRAAdapter
 from steer_hydra.core import ModelSource, SteeringPipeline
 from steer_hydra.core.layout import ModelLayout, resolve_layout
+from steer_hydra.core.tensors import strip_trailing
+from steer_hydra.models import resolve_model_reference
 
 DEFAULT_MODEL = "steer_hydra:tiny?hidden_size=256&num_hidden_layers=8&num_attention_heads=8&intermediate_size=688"
 QUESTIONS = [
@@ -45,10 +56,25 @@ QUESTIONS = [
     "describe the moon in a short sentence",
 ]
 TINY_AMATEUR = "steer_hydra:tiny?seed=1"  # 2 layers, hidden 64: the tiny tokenizer, a quarter of the default's width
+TINY_REWARD = "steer_hydra:tiny-reward"  # a sequence classifier on the tiny tokenizer: RAD's prefix-cache path
+WORDS = "[a-z]+( [a-z]+)*"  # ConstrainedDecoding's regex: lowercase words, as long as the call runs
 HIGHLIGHT = ["one word", "five", "cat", "yes or no", "rivers", "sea", "two plus three", "moon"]
 
 
-def _arms(layout: ModelLayout, amateur: str | None) -> dict[str, Callable[[], list]]:
+def _random_adapter(model: str, folder: str) -> str:
+    """A random rank-8 LoRA adapter on every attention and MLP projection of `model` (nothing trained)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(resolve_model_reference(model))
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    get_peft_model(base, LoraConfig(r=8, target_modules=targets, init_lora_weights=False)).save_pretrained(folder)
+    return folder
+
+
+def _arms(
+    layout: ModelLayout, amateur: str | None, reward: str | None, adapter: str, new_tokens: int
+) -> dict[str, Callable[[], list]]:
     layers, hidden, middle = layout.num_layers, layout.hidden_size, layout.num_layers // 2
     arms = {
         "unsteered": lambda: [],
@@ -57,9 +83,15 @@ def _arms(layout: ModelLayout, amateur: str | None) -> dict[str, Callable[[], li
         "CAA": lambda: [CAA(steering_vector=torch.randn(hidden), layer_id=middle, multiplier=4.0)],
         "ActAdd": lambda: [ActAdd(positive_prompt="Love", negative_prompt="Hate", multiplier=4.0)],
         "DirectionalAblation (all)": lambda: [DirectionalAblation(direction_vector=torch.randn(hidden))],
+        "LoRAAdapter (merged)": lambda: [LoRAAdapter(adapter=adapter)],
+        "LoRAAdapter (unmerged)": lambda: [LoRAAdapter(adapter=adapter, merge=False)],
+        "ConstrainedDecoding (regex)": lambda: [ConstrainedDecoding(regex=WORDS)],
+        "ThinkingBudget (driver)": lambda: [ThinkingBudget(max_thinking_tokens=new_tokens // 2)],
     }
     if amateur:
         arms["ContrastiveDecoding"] = lambda: [ContrastiveDecoding(amateur=amateur)]
+    if reward:
+        arms["RewardGuidedDecoding"] = lambda: [RewardGuidedDecoding(reward_model=reward)]
     return arms
 
 
@@ -71,21 +103,31 @@ def _pipeline(args: argparse.Namespace, controls: list) -> SteeringPipeline:
     return pipeline.steer()
 
 
-def _timed(pipeline: SteeringPipeline, chats: list, args: argparse.Namespace, substrings: list) -> float:
+def _timed(
+    pipeline: SteeringPipeline, chats: list, args: argparse.Namespace, substrings: list, tokens: list | None = None
+) -> float:
+    """Seconds of one generate call (exactly `--new-tokens` per row, except under a driver); appends the mean new
+    tokens per row to `tokens`."""
     runtime = {"substrings": substrings} if any(isinstance(c, PASTA) for c in pipeline.controls) else None
+    driven = any(isinstance(c, ThinkingBudget) for c in pipeline.controls)
     if args.device.startswith("cuda"):
         torch.cuda.synchronize()
     start = time.perf_counter()
-    pipeline.generate(
+    outputs = pipeline.generate(
         messages=chats,
         runtime_kwargs=runtime,
         max_new_tokens=args.new_tokens,
-        min_new_tokens=args.new_tokens,
+        **({} if driven else {"min_new_tokens": args.new_tokens}),
         return_output=True,
     )
     if args.device.startswith("cuda"):
         torch.cuda.synchronize()
-    return time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    if tokens is not None:
+        pad = pipeline.tokenizer.pad_token_id
+        rows = [strip_trailing(row, pad)[0] for o in outputs for row in o.output_ids.tolist()]
+        tokens.append(sum(len(r) for r in rows) / len(rows))
+    return seconds
 
 
 def main() -> None:
@@ -100,24 +142,30 @@ def main() -> None:
     parser.add_argument(
         "--amateur", default=None, help="ContrastiveDecoding's amateur (default: a tiny one for a tiny --model)"
     )
+    parser.add_argument(
+        "--reward", default=None, help="RewardGuidedDecoding's reward model (default: the tiny one for a tiny --model)"
+    )
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave the default)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    amateur = args.amateur
-    if amateur is None and args.model.startswith("steer_hydra:tiny"):
-        amateur = TINY_AMATEUR
+    amateur, reward = args.amateur, args.reward
+    if args.model.startswith("steer_hydra:tiny"):
+        amateur, reward = amateur or TINY_AMATEUR, reward or TINY_REWARD
     chats = [[{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}] for i in range(args.batch)]
     substrings = [[HIGHLIGHT[i % len(HIGHLIGHT)]] for i in range(args.batch)]
     probe = _pipeline(args, [])
     layout = resolve_layout(probe.model)
     probe.release()
     torch.manual_seed(0)
-    pipelines = {name: _pipeline(args, build()) for name, build in _arms(layout, amateur).items()}
+    adapter = _random_adapter(args.model, tempfile.mkdtemp(prefix="steer_hydra_lora_"))
+    arms = _arms(layout, amateur, reward, adapter, args.new_tokens)
+    pipelines = {name: _pipeline(args, build()) for name, build in arms.items()}
     one_chat, one_substrings = chats[:1], substrings[:1]
 
     times: dict[str, list[float]] = {name: [] for name in pipelines}
+    tokens: dict[str, list[float]] = {name: [] for name in pipelines}
     single: dict[str, list[float]] = {"unsteered": [], "ActAdd": []}
     for pipeline in pipelines.values():  # warm-up round
         _timed(pipeline, chats if pipeline.supports_batching else one_chat, args, substrings)
@@ -127,9 +175,9 @@ def main() -> None:
         for name in order:
             pipeline = pipelines[name]
             if pipeline.supports_batching:
-                times[name].append(_timed(pipeline, chats, args, substrings))
+                times[name].append(_timed(pipeline, chats, args, substrings, tokens[name]))
             else:  # ActAdd: what the model provider does, one request at a time
-                times[name].append(args.batch * _timed(pipeline, one_chat, args, one_substrings))
+                times[name].append(args.batch * _timed(pipeline, one_chat, args, one_substrings, tokens[name]))
             if name in single:
                 single[name].append(_timed(pipeline, one_chat, args, one_substrings))
 
@@ -138,9 +186,9 @@ def main() -> None:
         f"model={args.model} device={args.device} dtype={args.dtype} attn={args.attn} "
         f"layers={layout.num_layers} heads={layout.num_heads} hidden={layout.hidden_size} "
         f"batch={args.batch} new_tokens={args.new_tokens} repeats={args.repeats} threads={torch.get_num_threads()} "
-        f"amateur={amateur}"
+        f"amateur={amateur} reward={reward}"
     )
-    print(f"{'arm':<30}{'median s/call':>15}{'ratio':>9}{'min s/call':>13}{'ratio':>9}")
+    print(f"{'arm':<30}{'median s/call':>15}{'ratio':>9}{'min s/call':>13}{'ratio':>9}{'tok/row':>9}")
     for name, values in times.items():
         median = statistics.median(values)
         note = ""
@@ -148,9 +196,14 @@ def main() -> None:
             ratio = statistics.median(single["ActAdd"]) / statistics.median(single["unsteered"])
             note = f"   (serialized: {args.batch} calls of batch 1; per-call ratio at batch 1: {ratio:.2f}x)"
         fastest = min(values)
-        print(f"{name:<30}{median:>15.4f}{median / base:>8.2f}x{fastest:>13.4f}{fastest / base_min:>8.2f}x{note}")
+        made = statistics.mean(tokens[name])
+        print(
+            f"{name:<30}{median:>15.4f}{median / base:>8.2f}x{fastest:>13.4f}{fastest / base_min:>8.2f}x{made:>9.1f}"
+            f"{note}"
+        )
     for pipeline in pipelines.values():
         pipeline.release()
+    shutil.rmtree(adapter, ignore_errors=True)
 
 
 if __name__ == "__main__":
