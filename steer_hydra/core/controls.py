@@ -358,7 +358,8 @@ class DecodingDriver(OutputControl):
 
     `decode` must roll out only through `rollout(input_ids, attention_mask, **gen_kwargs) -> sequences`
     (prompt plus continuation, like `model.generate`), which applies every other control's hooks, processors
-    and criteria on each forward and counts the tokens rolled out.
+    and criteria on each forward and counts the tokens rolled out; `stop_strings=` adds the driver's own stop
+    strings (e.g. a closing tag) to the call's.
     """
 
     def decode(
