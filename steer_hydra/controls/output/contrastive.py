@@ -10,7 +10,6 @@ counting), so a row decodes the same alone or in a batch. `cleanup()` drops the 
 from __future__ import annotations
 
 import gc
-import inspect
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from typing import Any
 
 import torch
 
+from steer_hydra.controls.output.auxiliary import PrefixCache, call_rows, release
 from steer_hydra.core.capabilities import Capability
 from steer_hydra.core.controls import BaseArgs, OutputControl
 
@@ -42,12 +42,8 @@ def contrastive_scores(
 
 
 class ContrastiveLogitsProcessor:
-    """One call's contrastive step: the amateur runs incrementally beside the expert with its own KV cache.
-
-    Built on the call's prompt ids and mask (left-padded rows). On each step it checks that the sequences extend
-    the ones it has consumed; when they do not (a driver's new rollout, beams reordered), it prefills the amateur
-    again on the whole sequence, with the prompt mask where the rows start with the call's prompt rows.
-    """
+    """One call's contrastive step: the amateur runs incrementally beside the expert with its own KV cache (a
+    `PrefixCache` over the call's rows: prefilled again when the sequences do not extend the ones it holds)."""
 
     def __init__(
         self,
@@ -57,56 +53,11 @@ class ContrastiveLogitsProcessor:
         alpha: float,
         amateur_temperature: float = 1.0,
     ) -> None:
-        self.amateur = amateur
-        self.prompt_ids = prompt_ids
-        self.prompt_mask = torch.ones_like(prompt_ids) if prompt_mask is None else prompt_mask.to(prompt_ids.device)
+        self.amateur = PrefixCache(amateur, prompt_ids, prompt_mask)
         self.alpha, self.amateur_temperature = alpha, amateur_temperature
-        self._seen: torch.Tensor | None = None  # the ids the amateur cache holds
-        self._mask: torch.Tensor | None = None
-        self._cache: Any = None
-        # transformers 5.24 names the KV cache `cache` (argument and output field); earlier `past_key_values`
-        forward = inspect.signature(type(amateur).forward).parameters
-        self._cache_key = "cache" if "cache" in forward else "past_key_values"
-
-    def _mask_for(self, ids: torch.Tensor) -> torch.Tensor:
-        """Attention mask of a sequence the cache does not extend: prompt mask where rows start with the prompt."""
-        mask = torch.ones_like(ids)
-        batch, length = self.prompt_ids.shape
-        if ids.shape[1] >= length and ids.shape[0] % batch == 0:
-            repeat = ids.shape[0] // batch
-            prompt = self.prompt_ids.to(ids.device).repeat_interleave(repeat, 0)
-            same = (ids[:, :length] == prompt).all(dim=1)
-            mask[same, :length] = self.prompt_mask.to(ids.device).repeat_interleave(repeat, 0)[same]
-        return mask
-
-    @torch.no_grad()
-    def _advance(self, ids: torch.Tensor) -> torch.Tensor:
-        seen = self._seen
-        extends = (
-            seen is not None
-            and ids.shape[0] == seen.shape[0]
-            and ids.shape[1] > seen.shape[1]
-            and torch.equal(ids[:, : seen.shape[1]], seen)
-        )
-        if extends:
-            new = ids[:, seen.shape[1] :]
-            mask = torch.cat([self._mask, torch.ones_like(new)], dim=1)
-        else:
-            self._cache = None
-            new, mask = ids, self._mask_for(ids)
-        positions = (mask.long().cumsum(-1) - 1).clamp(min=0)[:, -new.shape[1] :]
-        out = self.amateur(
-            input_ids=new,
-            attention_mask=mask,
-            position_ids=positions,
-            use_cache=True,
-            **{self._cache_key: self._cache},
-        )
-        self._cache, self._seen, self._mask = getattr(out, self._cache_key), ids, mask
-        return out.logits[:, -1, :]
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        amateur_logits = self._advance(input_ids)
+        amateur_logits = self.amateur.advance(input_ids).logits[:, -1, :]
         if amateur_logits.shape[-1] != scores.shape[-1]:
             raise RuntimeError(
                 f"ContrastiveDecoding: the amateur scores {amateur_logits.shape[-1]} tokens, the model "
@@ -197,21 +148,12 @@ class ContrastiveDecoding(OutputControl):
         return None
 
     def cleanup(self) -> None:
-        if self._amateur is None:
-            return
-        device = next(self._amateur.parameters()).device
-        self._amateur = None
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        if self._amateur is not None:
+            device, self._amateur = next(self._amateur.parameters()).device, None
+            release(device)
 
     def get_logits_processors(self, input_ids: torch.Tensor, runtime_kwargs: Mapping[str, Any], **kwargs: Any) -> list:
         if self._amateur is None:
             raise RuntimeError("ContrastiveDecoding has no amateur loaded. Fix: call pipeline.steer() first.")
-        ids = torch.as_tensor(input_ids)
-        ids = ids.unsqueeze(0) if ids.dim() == 1 else ids
-        mask = kwargs.get("attention_mask")
-        if mask is not None:
-            mask = torch.as_tensor(mask)
-            mask = mask.unsqueeze(0) if mask.dim() == 1 else mask
+        ids, mask = call_rows(input_ids, kwargs)
         return [ContrastiveLogitsProcessor(self._amateur, ids, mask, self.alpha, self.amateur_temperature)]

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from steer_hydra.controls.output.auxiliary import PrefixCache, call_rows, positions, prompt_mask_for, release
 from steer_hydra.controls.output.contrastive import output_vocab_size
 from steer_hydra.core.capabilities import Capability
 from steer_hydra.core.controls import BaseArgs, OutputControl
@@ -56,15 +57,6 @@ def decoder_parts(reward: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Mo
     return trunk, head
 
 
-def _cache_key(module: torch.nn.Module) -> str:
-    # transformers 5.24 names the KV cache `cache` (argument and output field); earlier `past_key_values`
-    return "cache" if "cache" in inspect.signature(type(module).forward).parameters else "past_key_values"
-
-
-def _positions(mask: torch.Tensor) -> torch.Tensor:
-    return (mask.long().cumsum(-1) - 1).clamp(min=0)
-
-
 @torch.no_grad()
 def sequence_rewards(
     reward: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, label: int | None = None
@@ -77,7 +69,7 @@ def sequence_rewards(
     trunk, head = parts
     device = next(reward.parameters()).device
     ids, mask = ids.to(device), mask.to(device)
-    hidden = trunk(input_ids=ids, attention_mask=mask, position_ids=_positions(mask), use_cache=False)
+    hidden = trunk(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=False)
     return reward_from_logits(head(hidden.last_hidden_state[:, -1]), label)
 
 
@@ -127,47 +119,7 @@ class RewardLogitsProcessor:
         self.beta, self.top_k, self.label = beta, top_k, label
         self.reward_batch_size = reward_batch_size
         self.tokenizers = tokenizers
-        self._seen: torch.Tensor | None = None  # the ids the cache holds
-        self._mask: torch.Tensor | None = None
-        self._cache: Any = None
-        self._cache_key = _cache_key(self.trunk) if self.trunk is not None else ""
-
-    def _mask_for(self, ids: torch.Tensor) -> torch.Tensor:
-        """Attention mask of a sequence the cache does not extend: prompt mask where rows start with the prompt."""
-        mask = torch.ones_like(ids)
-        batch, length = self.prompt_ids.shape
-        if ids.shape[1] >= length and ids.shape[0] % batch == 0:
-            repeat = ids.shape[0] // batch
-            prompt = self.prompt_ids.to(ids.device).repeat_interleave(repeat, 0)
-            same = (ids[:, :length] == prompt).all(dim=1)
-            mask[same, :length] = self.prompt_mask.to(ids.device).repeat_interleave(repeat, 0)[same]
-        return mask
-
-    def _advance(self, ids: torch.Tensor) -> None:
-        """Bring the prefix cache to `ids`: extend it by the new tokens, or prefill again when `ids` do not extend."""
-        seen = self._seen
-        extends = (
-            seen is not None
-            and ids.shape[0] == seen.shape[0]
-            and ids.shape[1] > seen.shape[1]
-            and torch.equal(ids[:, : seen.shape[1]], seen)
-        )
-        if extends:
-            new = ids[:, seen.shape[1] :]
-            mask = torch.cat([self._mask, torch.ones_like(new)], dim=1)
-        elif seen is not None and torch.equal(ids, seen):
-            return
-        else:
-            self._cache = None
-            new, mask = ids, self._mask_for(ids)
-        out = self.trunk(
-            input_ids=new,
-            attention_mask=mask,
-            position_ids=_positions(mask)[:, -new.shape[1] :],
-            use_cache=True,
-            **{self._cache_key: self._cache},
-        )
-        self._cache, self._seen, self._mask = getattr(out, self._cache_key), ids, mask
+        self.prefix = PrefixCache(self.trunk, prompt_ids, prompt_mask) if self.trunk is not None else None
 
     def _row_chunks(self, rows: int, k: int) -> Iterator[slice]:
         step = rows if self.reward_batch_size is None else max(1, self.reward_batch_size // k)
@@ -175,27 +127,27 @@ class RewardLogitsProcessor:
             yield slice(start, min(rows, start + step))
 
     def _cached_rewards(self, ids: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
-        self._advance(ids)
+        prefix = self.prefix
+        prefix.advance(ids)
         batch, k = candidates.shape
         rewards = []
         for rows in self._row_chunks(batch, k):
             n = rows.stop - rows.start
             index = None if n == batch else torch.arange(rows.start, rows.stop, device=self.device)
-            mask = self._mask[rows]
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1).repeat_interleave(k, 0)
+            mask = prefix.mask[rows]
             out = self.trunk(
                 input_ids=candidates[rows].reshape(n * k, 1),
-                attention_mask=mask,
-                position_ids=self._mask[rows].sum(-1, keepdim=True).repeat_interleave(k, 0),
+                attention_mask=torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1).repeat_interleave(k, 0),
+                position_ids=mask.sum(-1, keepdim=True).repeat_interleave(k, 0),
                 use_cache=True,
-                **{self._cache_key: _expanded(self._cache, index, k)},
+                **{prefix.key: _expanded(prefix.cache, index, k)},
             )
             rewards.append(reward_from_logits(self.head(out.last_hidden_state[:, -1]), self.label))
         return torch.cat(rewards).view(batch, k)
 
     def _text_rewards(self, ids: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
         model_tokenizer, reward_tokenizer = self.tokenizers
-        mask = self._mask_for(ids).bool()
+        mask = prompt_mask_for(ids, self.prompt_ids, self.prompt_mask).bool()
         batch, k = candidates.shape
         texts = [
             model_tokenizer.decode(torch.cat([row[keep], candidate.view(1)]).tolist(), skip_special_tokens=True)
@@ -369,23 +321,14 @@ class RewardGuidedDecoding(OutputControl):
         return None
 
     def cleanup(self) -> None:
-        if self._reward is None:
-            return
-        device = next(self._reward.parameters()).device
-        self._reward, self._tokenizers = None, None
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        if self._reward is not None:
+            device, self._reward, self._tokenizers = next(self._reward.parameters()).device, None, None
+            release(device)
 
     def get_logits_processors(self, input_ids: torch.Tensor, runtime_kwargs: Mapping[str, Any], **kwargs: Any) -> list:
         if self._reward is None:
             raise RuntimeError("RewardGuidedDecoding has no reward model loaded. Fix: call pipeline.steer() first.")
-        ids = torch.as_tensor(input_ids)
-        ids = ids.unsqueeze(0) if ids.dim() == 1 else ids
-        mask = kwargs.get("attention_mask")
-        if mask is not None:
-            mask = torch.as_tensor(mask)
-            mask = mask.unsqueeze(0) if mask.dim() == 1 else mask
+        ids, mask = call_rows(input_ids, kwargs)
         return [
             RewardLogitsProcessor(
                 self._reward,
