@@ -16,7 +16,7 @@ from steer_hydra.controls.state.caa import (
     validate_pairs,
     validate_token_scope,
 )
-from steer_hydra.controls.state.layer_vector import apply_direction
+from steer_hydra.controls.state.layer_vector import FitsVector, apply_direction
 from steer_hydra.controls.state.residual import (
     check_hidden_size,
     input_hidden,
@@ -33,7 +33,7 @@ from steer_hydra.core.layout import ModelLayout, resolve_layout
 logger = logging.getLogger(__name__)
 
 
-class DirectionalAblation(StateControl):
+class DirectionalAblation(FitsVector, StateControl):
     """Directional ablation (Arditi et al. 2024, "Refusal in Language Models Is Mediated by a Single Direction",
     arXiv 2406.11717): `h <- h - (h.r) r` for a unit direction r, at every layer and position by default.
 
@@ -133,19 +133,6 @@ class DirectionalAblation(StateControl):
     @property
     def vector_hash(self) -> str | None:
         return self._vector.content_hash if self._vector is not None else None
-
-    @property
-    def fitted_vector(self) -> SteeringVector | None:
-        """The mean difference fitted at `steer()`, before `direction` and normalisation (None when given)."""
-        return self._fitted
-
-    def load_vector(self, path: Any) -> SteeringVector:
-        """A vector saved with `SteeringVector.save` (what an engine backend's cache of fitted vectors holds)."""
-        return SteeringVector.load(path)
-
-    def fit_identity(self) -> dict[str, Any]:
-        """What the fitted direction depends on besides the model: the control and its `FIT_FIELDS` arguments."""
-        return {"control": type(self).__name__, **{name: getattr(self, name) for name in self.FIT_FIELDS}}
 
     @property
     def ablated_layers(self) -> tuple[int, ...]:

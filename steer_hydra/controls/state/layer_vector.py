@@ -78,7 +78,29 @@ def median_norm_of(vector: SteeringVector, owner: str) -> float:
     return float(value)
 
 
-class LayerVectorControl(StateControl):
+class FitsVector:
+    """What an engine backend's fit (`steer_hydra.backends.engine_fit`) reads of a state control that fits a vector
+    from hidden states: `fit_identity()` (what the fit depends on besides the model: the control and its
+    `FIT_FIELDS` arguments), `fitted_vector` (set at `steer()` in `_fitted`) and `load_vector` (a cached fit)."""
+
+    FIT_FIELDS: ClassVar[tuple[str, ...]] = ()  # the arguments a fitted vector depends on (`fit_identity`)
+    _fitted: SteeringVector | None
+
+    @property
+    def fitted_vector(self) -> SteeringVector | None:
+        """The vector fitted at `steer()` from hidden states, before direction and scaling (None when given)."""
+        return self._fitted
+
+    def load_vector(self, path: Any) -> SteeringVector:
+        """A vector saved with `SteeringVector.save` (what an engine backend's cache of fitted vectors holds)."""
+        return SteeringVector.load(path)
+
+    def fit_identity(self) -> dict[str, Any]:
+        """What the fitted vector depends on besides the model: the control and its `FIT_FIELDS` arguments."""
+        return {"control": type(self).__name__, **{name: getattr(self, name) for name in self.FIT_FIELDS}}
+
+
+class LayerVectorControl(FitsVector, StateControl):
     """A state control that adds `multiplier *` a steering tensor at one decoder layer.
 
     Subclasses' Args extend `LayerVectorArgs` with fields `steering_vector`, `layer_id`, `multiplier` and
@@ -90,7 +112,6 @@ class LayerVectorControl(StateControl):
 
     DEFAULT_DEPTH: ClassVar[float]
     MIN_DEFAULT_LAYER: ClassVar[int] = 0
-    FIT_FIELDS: ClassVar[tuple[str, ...]] = ()  # the arguments a fitted vector depends on (`fit_identity`)
     adds_residual = True
 
     def _configure(self) -> None:
@@ -112,19 +133,6 @@ class LayerVectorControl(StateControl):
     def vector(self) -> SteeringVector | None:
         """The steering vector in use (given or fitted), before normalisation and multiplier; None before steer."""
         return self._vector
-
-    @property
-    def fitted_vector(self) -> SteeringVector | None:
-        """The vector fitted at `steer()` from hidden states, before direction and scaling (None when given)."""
-        return self._fitted
-
-    def load_vector(self, path: Any) -> SteeringVector:
-        """A vector saved with `SteeringVector.save` (what an engine backend's cache of fitted vectors holds)."""
-        return SteeringVector.load(path)
-
-    def fit_identity(self) -> dict[str, Any]:
-        """What the fitted vector depends on besides the model: the control and its `FIT_FIELDS` arguments."""
-        return {"control": type(self).__name__, **{name: getattr(self, name) for name in self.FIT_FIELDS}}
 
     @property
     def vector_hash(self) -> str | None:
