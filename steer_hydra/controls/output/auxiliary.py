@@ -38,16 +38,23 @@ def release(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def prompt_mask_for(ids: torch.Tensor, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> torch.Tensor:
+def prompt_mask_for(
+    ids: torch.Tensor, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, pad_token_id: int | None = None
+) -> torch.Tensor:
     """Attention mask of `ids` (rows of a call, possibly repeated per row): the call's prompt mask where a row starts
-    with its prompt row (left padding), ones elsewhere."""
+    with its prompt row; elsewhere (a driver's rollout re-packed with its own left padding) every leading
+    `pad_token_id` masked, the rest ones."""
     mask = torch.ones_like(ids)
+    same = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
     batch, length = prompt_ids.shape
     if ids.shape[1] >= length and ids.shape[0] % batch == 0:
         repeat = ids.shape[0] // batch
         prompt = prompt_ids.to(ids.device).repeat_interleave(repeat, 0)
         same = (ids[:, :length] == prompt).all(dim=1)
         mask[same, :length] = prompt_mask.to(ids.device).repeat_interleave(repeat, 0)[same]
+    if pad_token_id is not None:
+        leading = (ids == pad_token_id).long().cumprod(dim=1).bool()
+        mask[~same[:, None] & leading] = 0
     return mask
 
 
@@ -57,13 +64,21 @@ class PrefixCache:
     Built on the call's prompt ids and mask (left-padded rows). `advance(ids)` brings the cache to `ids`: it runs
     the model on the tokens added since the last call (positions and attention mask from the prompt mask, every
     generated token counting), or prefills again when `ids` do not extend what it holds (a driver's new rollout,
-    beams reordered), with the prompt mask where the rows start with the call's prompt rows.
+    beams reordered), with the prompt mask where the rows start with the call's prompt rows and, elsewhere, leading
+    `pad_token_id`s masked (a driver re-packs its rollouts with left padding of its own).
     """
 
-    def __init__(self, model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor | None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor | None,
+        pad_token_id: int | None = None,
+    ) -> None:
         self.model = model
         self.prompt_ids = prompt_ids
         self.prompt_mask = torch.ones_like(prompt_ids) if prompt_mask is None else prompt_mask.to(prompt_ids.device)
+        self.pad_token_id = pad_token_id
         self.key = cache_key(model)
         self.seen: torch.Tensor | None = None  # the ids the cache holds
         self.mask: torch.Tensor | None = None  # their attention mask
@@ -86,7 +101,7 @@ class PrefixCache:
             mask = torch.cat([self.mask, torch.ones_like(new)], dim=1)
         else:
             self.cache = None
-            new, mask = ids, prompt_mask_for(ids, self.prompt_ids, self.prompt_mask)
+            new, mask = ids, prompt_mask_for(ids, self.prompt_ids, self.prompt_mask, self.pad_token_id)
         self.output = self.model(
             input_ids=new,
             attention_mask=mask,

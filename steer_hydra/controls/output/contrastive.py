@@ -52,8 +52,9 @@ class ContrastiveLogitsProcessor:
         prompt_mask: torch.Tensor | None,
         alpha: float,
         amateur_temperature: float = 1.0,
+        pad_token_id: int | None = None,
     ) -> None:
-        self.amateur = PrefixCache(amateur, prompt_ids, prompt_mask)
+        self.amateur = PrefixCache(amateur, prompt_ids, prompt_mask, pad_token_id)
         self.alpha, self.amateur_temperature = alpha, amateur_temperature
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
@@ -156,4 +157,5 @@ class ContrastiveDecoding(OutputControl):
         if self._amateur is None:
             raise RuntimeError("ContrastiveDecoding has no amateur loaded. Fix: call pipeline.steer() first.")
         ids, mask = call_rows(input_ids, kwargs)
-        return [ContrastiveLogitsProcessor(self._amateur, ids, mask, self.alpha, self.amateur_temperature)]
+        pad = getattr(self.tokenizer, "pad_token_id", None)
+        return [ContrastiveLogitsProcessor(self._amateur, ids, mask, self.alpha, self.amateur_temperature, pad)]

@@ -104,6 +104,7 @@ class RewardLogitsProcessor:
         label: int | None = None,
         reward_batch_size: int | None = None,
         tokenizers: tuple[Any, Any] | None = None,
+        pad_token_id: int | None = None,
     ) -> None:
         self.reward = reward
         parts = decoder_parts(reward) if tokenizers is None else None
@@ -119,7 +120,8 @@ class RewardLogitsProcessor:
         self.beta, self.top_k, self.label = beta, top_k, label
         self.reward_batch_size = reward_batch_size
         self.tokenizers = tokenizers
-        self.prefix = PrefixCache(self.trunk, prompt_ids, prompt_mask) if self.trunk is not None else None
+        self.pad_token_id = pad_token_id  # leading pads of a driver's re-packed rollout are masked
+        self.prefix = PrefixCache(self.trunk, prompt_ids, prompt_mask, pad_token_id) if self.trunk is not None else None
 
     def _row_chunks(self, rows: int, k: int) -> Iterator[slice]:
         step = rows if self.reward_batch_size is None else max(1, self.reward_batch_size // k)
@@ -147,7 +149,7 @@ class RewardLogitsProcessor:
 
     def _text_rewards(self, ids: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
         model_tokenizer, reward_tokenizer = self.tokenizers
-        mask = prompt_mask_for(ids, self.prompt_ids, self.prompt_mask).bool()
+        mask = prompt_mask_for(ids, self.prompt_ids, self.prompt_mask, self.pad_token_id).bool()
         batch, k = candidates.shape
         texts = [
             model_tokenizer.decode(torch.cat([row[keep], candidate.view(1)]).tolist(), skip_special_tokens=True)
@@ -339,5 +341,6 @@ class RewardGuidedDecoding(OutputControl):
                 label=self.label,
                 reward_batch_size=self.reward_batch_size,
                 tokenizers=self._tokenizers,
+                pad_token_id=getattr(self.tokenizer, "pad_token_id", None),
             )
         ]
