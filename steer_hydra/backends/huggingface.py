@@ -213,7 +213,7 @@ def ensure_loaded(model: torch.nn.Module, reference: Any = None) -> None:
     weight = getattr(head, "weight", None)
     if getattr(config, "tie_word_embeddings", False) and weight is not None and weight.device.type == "meta":
         logger.warning("The output embedding of %s was not tied to the input embedding at load; tying it.", reference)
-        model.tie_weights()
+        head.weight = model.get_input_embeddings().weight  # the tie itself (transformers' mapping left it undone)
     missing = [name for name, parameter in model.named_parameters() if parameter.device.type == "meta"]
     if missing:
         raise RuntimeError(
