@@ -1,6 +1,6 @@
-"""The package's layering, read from its imports: `plugins > app > study > tasks > evaluation > {controls, backends}
-> core`, where `plugins` is the Hydra plugin package `hydra_plugins/` beside `steer_hydra/` (Hydra imports it; nothing
-in `steer_hydra` may).
+"""The package's layering, read from its imports: `plugins > app > study > tasks > evaluation > analysis >
+{controls, backends} > core`, where `plugins` is the Hydra plugin package `hydra_plugins/` beside `steer_hydra/` (Hydra
+imports it; nothing in `steer_hydra` may).
 
 Every `import` and `from ... import` in `steer_hydra/` (module level and inside functions) is parsed with `ast`,
 and so is every string that names a module (`"steer_hydra.backends.huggingface:HFBackend"`, what `importlib`
@@ -27,15 +27,18 @@ ALLOWED: dict[str, frozenset[str]] = {
     "models": frozenset(),
     "controls": frozenset({"core"}),
     "backends": frozenset({"core", "models"}),
-    "evaluation": frozenset({"core"}),
+    "analysis": frozenset({"core"}),
+    "evaluation": frozenset({"analysis", "core"}),
     "tasks": frozenset({"evaluation", "core"}),
-    "study": frozenset({"tasks", "evaluation", "core"}),
-    "app": frozenset({"study", "tasks", "evaluation", "controls", "backends", "core", "models", "conf"}),
+    "study": frozenset({"tasks", "evaluation", "analysis", "core"}),
+    "app": frozenset({"study", "tasks", "evaluation", "analysis", "controls", "backends", "core", "models", "conf"}),
     "conf": frozenset(),
-    "testing": frozenset({"tasks", "evaluation", "controls", "backends", "core", "models"}),
+    "testing": frozenset({"tasks", "evaluation", "analysis", "controls", "backends", "core", "models"}),
 }
 PLUGINS = "hydra_plugins"  # the Hydra plugin package: the top layer, importing the app and the study
-ALLOWED[PLUGINS] = frozenset({"app", "study", "tasks", "evaluation", "controls", "backends", "core", "models", "conf"})
+ALLOWED[PLUGINS] = frozenset(
+    {"app", "study", "tasks", "evaluation", "analysis", "controls", "backends", "core", "models", "conf"}
+)
 PLUGINS_ROOT = ROOT.parent / PLUGINS
 # modules at the package root belong to the app layer (entry points, the package's own re-exports)
 TOP_LEVEL_LAYER = "app"

@@ -28,10 +28,11 @@ import pandas as pd
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from steer_hydra.analysis.compare import CellSelection, Comparison, compare, write_files
 from steer_hydra.app.job import JOB_RECORD, sweep_id_of
 from steer_hydra.app.plan import to_plain
 from steer_hydra.app.report import print_report, report_text, table_title
-from steer_hydra.app.results import Comparison, Selection, compare, delta_summary, summary_metrics, track, write_files
+from steer_hydra.app.results import delta_summary, summary_metrics, track
 from steer_hydra.app.secrets import redact, redact_overrides
 from steer_hydra.app.tracking import Tracker, wandb_key
 from steer_hydra.core.files import read_json, write_csv, write_json
@@ -99,7 +100,7 @@ def aggregate_sweep(records: Sequence[dict[str, Any]], out_dir: Path) -> dict[st
     """Paired deltas of each of the sweep's configurations vs the baseline per (model, suite), pooling seeds.
 
     Only the records' configurations, their trials and their baseline (`baseline_config_id`) are read from the
-    save_dirs (`results.compare`). Writes the results path's files (`results.csv`, `samples.csv`,
+    save_dirs (`analysis.compare`). Writes the results path's files (`results.csv`, `samples.csv`,
     `paired_deltas.csv`, `results_table.csv`, plots) and `summary.csv` (each metric's mean, std and runs over the
     sweep's seeds and trials); returns the paths, the comparison and the summary.
     """
@@ -109,7 +110,7 @@ def aggregate_sweep(records: Sequence[dict[str, Any]], out_dir: Path) -> dict[st
         groups.setdefault(key, []).append(record)
     parts = []
     for (model, suite, baseline_id), group in sorted(groups.items()):
-        selection = Selection(
+        selection = CellSelection(
             save_dirs={r["seed"]: Path(r["save_dir"]) for r in group},
             config_ids=[r["config_id"] for r in group],
             baseline_config_id=baseline_id,

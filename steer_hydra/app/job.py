@@ -8,7 +8,7 @@ not accumulate memory.
 
 Selection: the job's outputs (results, samples, deltas, plots, W&B) hold its own configuration's trials and, for
 the deltas, the table and the plots, the baseline's, selected by `config_id` from the save_dir
-(`JobPlan.selection`, read by the results path `app.results`); other configurations and trials evaluated into the
+(`JobPlan.selection`, read by the results path `analysis.compare`); other configurations and trials evaluated into the
 same save_dir never appear.
 """
 
@@ -27,10 +27,11 @@ from typing import Any
 import pandas as pd
 from omegaconf import DictConfig
 
+from steer_hydra.analysis.compare import compare, headline, write_files
 from steer_hydra.app.console import job_console
 from steer_hydra.app.plan import JobPlan, to_plain
 from steer_hydra.app.report import print_report, report_text, table_title
-from steer_hydra.app.results import compare, delta_summary, headline, summary_metrics, track, write_files
+from steer_hydra.app.results import delta_summary, summary_metrics, track
 from steer_hydra.app.secrets import Redactor, redact, redact_overrides
 from steer_hydra.app.tracking import Tracker, wandb_key
 from steer_hydra.core.files import write_json

@@ -44,9 +44,10 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from steer_hydra.analysis.compare import CellSelection
+from steer_hydra.analysis.logs import CONFIGS_DIR
 from steer_hydra.app.console import is_tty
 from steer_hydra.app.judge import check_judge, judge_role
-from steer_hydra.app.results import Selection
 from steer_hydra.app.secrets import redact
 from steer_hydra.core.backend import BackendSpec
 from steer_hydra.core.controls import BaseControl
@@ -54,7 +55,6 @@ from steer_hydra.core.files import locked, on_this_host, process_gone, process_i
 from steer_hydra.core.identity import BASELINE_CONFIG_ID, canonical_value, config_digest
 from steer_hydra.core.source import ModelSource
 from steer_hydra.core.sweeps import config_descriptor_from_controls
-from steer_hydra.evaluation.logs import CONFIGS_DIR
 from steer_hydra.evaluation.options import ProviderOptions
 from steer_hydra.evaluation.runner import SteeringEval
 from steer_hydra.evaluation.suite import RETRY_FIELDS, InspectSuite
@@ -544,9 +544,9 @@ class JobPlan:
             self._holder = None
             self._clear_stale_claims()
 
-    def selection(self) -> Selection:
+    def selection(self) -> CellSelection:
         """The cells this job reports: its configuration and the baseline, its trials, its suite, its save_dir."""
-        return Selection(
+        return CellSelection(
             save_dirs={self.seed: self.save_dir},
             config_ids=[self.config_id],
             baseline_config_id=self.baseline_config_id,

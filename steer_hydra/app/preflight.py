@@ -340,7 +340,7 @@ def check_backend(plain: Mapping[str, Any]) -> list[str]:
     kind = str(backend.get("kind"))
     options = {k: v for k, v in (backend.get("options") or {}).items() if not is_secret_name(str(k))}  # see above
     if kind == "vllm_serve":
-        from steer_hydra.backends.vllm_serve import ServeOptions
+        from steer_hydra.backends.vllm.serve import ServeOptions
 
         try:
             settings = ServeOptions.from_mapping(options)
@@ -360,7 +360,7 @@ def check_backend(plain: Mapping[str, Any]) -> list[str]:
                 "backend=vllm needs the vllm package, which is not installed. Fix: pip install "
                 "'steer_hydra[vllm]' (CUDA), or use backend=huggingface / backend=vllm_serve."
             )
-        from steer_hydra.backends.vllm_steering import forced_v2_problem, forced_v2_runner
+        from steer_hydra.backends.vllm.steering import forced_v2_problem, forced_v2_runner
 
         forced = forced_v2_runner()
         if forced is not None:

@@ -22,7 +22,7 @@ unchanged log again makes no judge call.
 
 Then the tables: each job directory concerned (the target itself, the sweep's jobs, or for a save_dir the jobs
 under its experiment folder, `<experiment>/runs/*/` and `<experiment>/multiruns/*/*/`, that evaluated into it) gets
-the results path's files rewritten (`results.write_files`) and its job record's metrics; each sweep among them its
+the results path's files rewritten (`compare.write_files`) and its job record's metrics; each sweep among them its
 aggregate (`callbacks.aggregate_sweep_dir`, without W&B). W&B runs are not updated.
 
 Agreement: per criterion (concept, instruction, fluency, harmonic), Spearman's rank correlation between the rule
@@ -47,12 +47,13 @@ from typing import Any
 
 import pandas as pd
 
+from steer_hydra.analysis.compare import CellSelection, compare, write_files
+from steer_hydra.analysis.logs import cells_from_logs, resolve_log_path, task_result, task_samples
+from steer_hydra.analysis.stats import AGREEMENT_COLUMNS, agreement
 from steer_hydra.app.job import JOB_RECORD
 from steer_hydra.app.judge import judge_as_model
-from steer_hydra.app.results import Selection, compare, summary_metrics, write_files
+from steer_hydra.app.results import summary_metrics
 from steer_hydra.core.files import locked, read_json, write_csv, write_json
-from steer_hydra.evaluation.logs import cells_from_logs, resolve_log_path, task_result, task_samples
-from steer_hydra.evaluation.stats import AGREEMENT_COLUMNS, agreement
 from steer_hydra.tasks.judge import JUDGE_ROLE, JUDGED_TASKS, RULE_PAIRS, SCORER_NAME
 
 logger = logging.getLogger(__name__)
@@ -333,10 +334,10 @@ def agreement_table(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
 
 
 def rewrite_job(job_dir: Path) -> dict[str, Path]:
-    """Rewrite a job's tables from the save_dir's logs, as the job wrote them (`results.write_files`), its job
+    """Rewrite a job's tables from the save_dir's logs, as the job wrote them (`compare.write_files`), its job
     record's metrics and files, and its `agreement.csv`. Returns the files written."""
     record = read_json(job_dir / JOB_RECORD)
-    selection = Selection(
+    selection = CellSelection(
         save_dirs={record.get("seed"): Path(record["save_dir"])},
         config_ids=[record["config_id"]],
         baseline_config_id=str(record.get("baseline_config_id") or "baseline"),

@@ -74,7 +74,7 @@ class LaunchServer(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         if not launches(config):
             return
-        from steer_hydra.backends.vllm_serve import LAUNCHED_URL_ENV
+        from steer_hydra.backends.vllm.serve import LAUNCHED_URL_ENV
 
         with _exit_on_failure():
             server = self._launch(config, Path(str(config.hydra.run.dir)), "run")
@@ -88,7 +88,7 @@ class LaunchServer(Callback):
         if not launches(config):
             return
         from steer_hydra.app.callbacks import expected_jobs
-        from steer_hydra.backends.vllm_serve import LAUNCHED_URL_ENV
+        from steer_hydra.backends.vllm.serve import LAUNCHED_URL_ENV
 
         sweep_dir = Path(str(config.hydra.sweep.dir))
         try:
@@ -111,7 +111,7 @@ class LaunchServer(Callback):
         self.stop()
 
     def _launch(self, config: DictConfig, directory: Path, what: str) -> Any:
-        from steer_hydra.backends.vllm_launch import launch_server
+        from steer_hydra.backends.vllm.launch import launch_server
 
         plain = {
             key: OmegaConf.to_container(config[key], resolve=True, throw_on_missing=False)

@@ -30,8 +30,8 @@ from steer_hydra.core.tensors import eos_ids
 
 BACKENDS: dict[str, str] = {
     "huggingface": "steer_hydra.backends.huggingface:HFBackend",
-    "vllm": "steer_hydra.backends.vllm:VLLMBackend",
-    "vllm_serve": "steer_hydra.backends.vllm_serve:VLLMServeBackend",
+    "vllm": "steer_hydra.backends.vllm.offline:VLLMBackend",
+    "vllm_serve": "steer_hydra.backends.vllm.serve:VLLMServeBackend",
 }
 _ALIASES: dict[str, str] = {"hf": "huggingface", "vllm-serve": "vllm_serve"}  # older inputs, normalized on entry
 

@@ -19,12 +19,12 @@ _EXPORTS: dict[str, str] = {
     "sample_scorer_from_inspect": "steer_hydra.evaluation.scorers",
     "InspectSuite": "steer_hydra.evaluation.suite",
     "SteeringEval": "steer_hydra.evaluation.runner",
-    "results_frame": "steer_hydra.evaluation.frames",
-    "runs_frame": "steer_hydra.evaluation.frames",
-    "samples_frame": "steer_hydra.evaluation.logs",
-    "summarize_runs": "steer_hydra.evaluation.frames",
-    "paired_deltas": "steer_hydra.evaluation.stats",
-    "results_from_logs": "steer_hydra.evaluation.logs",
+    "results_frame": "steer_hydra.analysis.frames",
+    "runs_frame": "steer_hydra.analysis.frames",
+    "samples_frame": "steer_hydra.analysis.logs",
+    "summarize_runs": "steer_hydra.analysis.frames",
+    "paired_deltas": "steer_hydra.analysis.stats",
+    "results_from_logs": "steer_hydra.analysis.logs",
 }
 
 __all__ = sorted(_EXPORTS)

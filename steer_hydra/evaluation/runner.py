@@ -37,6 +37,9 @@ from typing import Any
 
 import pandas as pd
 
+from steer_hydra.analysis.frames import attach_params, cells_frame, results_frame, runs_frame, summarize_runs
+from steer_hydra.analysis.logs import log_complete, read_log_header, readable_logs, resolve_log_path, samples_frame
+from steer_hydra.analysis.stats import paired_deltas
 from steer_hydra.core.controls import declared_scopes
 from steer_hydra.core.files import locked, write_json
 from steer_hydra.core.identity import canonical_json, canonical_value, derive_trial_seed, model_fingerprint
@@ -48,9 +51,6 @@ from steer_hydra.core.sweeps import (
     expand_configurations,
     preflight,
 )
-from steer_hydra.evaluation.frames import attach_params, cells_frame, results_frame, runs_frame, summarize_runs
-from steer_hydra.evaluation.logs import log_complete, read_log_header, readable_logs, resolve_log_path, samples_frame
-from steer_hydra.evaluation.stats import paired_deltas
 from steer_hydra.evaluation.suite import InspectSuite, task_name
 
 logger = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 How it runs: `serve()` runs one `pipeline.generate` call for its record in a worker thread (at most `concurrency`
 at once) and returns its result. On a backend that declares `streams` (the vLLM backends) that call sends the
-request straight to the engine: `backend=vllm` submits it to the engine loop (`backends.vllm_loop`), whose
+request straight to the engine: `backend=vllm` submits it to the engine loop (`backends.vllm.loop`), whose
 scheduler admits it at the next step beside whatever else is decoding, and `backend=vllm_serve` posts it to the
 server. A finished request's slot takes the next request at once, with no batch to wait for. Everything a request
 carries applies to it alone, exactly as on the static path at batch size one: its sampling fields, stop strings

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from steer_hydra.evaluation.logs import LEFT_OUT_KEY, is_partial, readable_logs, task_result
+from steer_hydra.analysis.logs import LEFT_OUT_KEY, is_partial, readable_logs, task_result
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@
 - `python -m steer_hydra.study <sweep dir>/study`: the report of a study written again from its files.
 
 The Hydra sweeper (`hydra_plugins/steer_hydra_study`) is a shim over `steer_hydra.app.study.sweep_study`, which
-launches through Hydra and adds the console tables and W&B. Statistics come from `evaluation.stats`.
+launches through Hydra and adds the console tables and W&B. Statistics come from `analysis.stats`.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ launched for several concepts (the baseline on a cost suite) gives its rows to e
 
 1. chooses each method's point per concept on dev rows only (`selection.select_points`);
 2. reports each concept's test rows (launched at the chosen points only) against the baseline with the one
-   statistics module (`evaluation.stats.paired_deltas`, plus the degenerate rate), and the cost suites' tasks;
+   statistics module (`analysis.stats.paired_deltas`, plus the degenerate rate), and the cost suites' tasks;
 3. summarises over concepts (`stats.concept_deltas`: each concept weighs the same; intervals resample concepts,
    then samples), with each method's win rate against the prompting arm (AxBench's: the share of concepts where
    its test objective is higher; a tie counts a half);
@@ -28,10 +28,10 @@ from typing import Any
 
 import pandas as pd
 
+from steer_hydra.analysis.frames import SAMPLE_ID_COLUMNS
+from steer_hydra.analysis.logs import results_from_logs, task_samples
+from steer_hydra.analysis.stats import concept_deltas, degenerate_rate, paired_deltas
 from steer_hydra.core.files import write_csv, write_json
-from steer_hydra.evaluation.frames import SAMPLE_ID_COLUMNS
-from steer_hydra.evaluation.logs import results_from_logs, task_samples
-from steer_hydra.evaluation.stats import concept_deltas, degenerate_rate, paired_deltas
 from steer_hydra.study.plan import AXES
 from steer_hydra.study.selection import Objective, select_points
 from steer_hydra.tasks.concept_steering import FLUENCY, OBJECTIVE, SCORES
@@ -208,7 +208,7 @@ def plot_summary(summary: pd.DataFrame, path: Path, *, baseline: str = "baseline
     """Each arm's delta over concepts with its interval, per metric."""
     import matplotlib.pyplot as plt
 
-    from steer_hydra.evaluation.plotting import plot_paired_deltas
+    from steer_hydra.analysis.plotting import plot_paired_deltas
 
     rows = summary[summary["arm_name"] != baseline].copy()
     rows["label"] = [

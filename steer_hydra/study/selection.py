@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from steer_hydra.evaluation.stats import per_sample_means
+from steer_hydra.analysis.stats import per_sample_means
 from steer_hydra.study.plan import AXES, Point
 
 SELECTION_COLUMNS = ("concept", "arm_name", "point", *AXES, "objective", "n", "chosen", "source")

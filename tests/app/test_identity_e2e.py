@@ -8,8 +8,8 @@ import json
 import pytest
 from app_helpers import FAST, read_run
 
+from steer_hydra.analysis import compare as results_module
 from steer_hydra.app import job as job_module
-from steer_hydra.app import results as results_module
 from steer_hydra.app.callbacks import aggregate_sweep
 from steer_hydra.app.plan import JobPlan
 

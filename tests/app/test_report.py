@@ -9,9 +9,10 @@ import pandas as pd
 import pytest
 from app_helpers import FAST, read_run
 
+from steer_hydra.analysis.table import delta_rows, results_table
 from steer_hydra.app import job as job_module
 from steer_hydra.app.callbacks import aggregate_sweep_dir
-from steer_hydra.app.report import delta_rows, render, results_table
+from steer_hydra.app.report import render
 from steer_hydra.app.tracking import wandb_key
 
 
@@ -163,7 +164,7 @@ def test_job_plots_name_suite_model_and_n(tmp_path, monkeypatch):
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
-    from steer_hydra.app import results as results_module
+    from steer_hydra.analysis import compare as results_module
 
     monkeypatch.setattr(results_module, "_close_figures", lambda: None)  # keep the figure open to read it back
     results = pd.DataFrame(_results("baseline", "baseline", 0.25, 0.1) + _results("pasta", "p1", 0.75, 0.2))

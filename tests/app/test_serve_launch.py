@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from steer_hydra.app.serve import varied_shared_keys
-from steer_hydra.backends import vllm_launch
-from steer_hydra.backends.vllm_launch import LaunchError, VLLMServer, free_port, group_alive, launch_server
-from steer_hydra.backends.vllm_serve import LAUNCHED_URL_ENV, ServeOptions, VLLMServeBackend
+from steer_hydra.backends.vllm import launch as vllm_launch
+from steer_hydra.backends.vllm.launch import LaunchError, VLLMServer, free_port, group_alive, launch_server
+from steer_hydra.backends.vllm.serve import LAUNCHED_URL_ENV, ServeOptions, VLLMServeBackend
 
 # A stand-in server: `MODE PORT [PIDFILE]`, or the vLLM server's arguments (`--port P ...`: mode ok, its argv and
 # steering environment printed first). ok: a child in its group, then answers /v1/models; graceful: the same, and on
@@ -151,7 +151,7 @@ def test_a_server_that_ignores_sigterm_is_killed_after_the_grace_period(stand_in
 LAUNCHER = """
 import os, sys
 from pathlib import Path
-from steer_hydra.backends.vllm_launch import VLLMServer
+from steer_hydra.backends.vllm.launch import VLLMServer
 port, stand_in, log = sys.argv[1:4]
 command = [sys.executable, stand_in, "graceful", port]
 server = VLLMServer(command, base_url=f"http://127.0.0.1:{port}", log_path=Path(log), environ=dict(os.environ))
@@ -292,7 +292,7 @@ def test_a_server_that_fails_to_start_ends_the_app_with_its_log_tail(run_main, t
 # `python -m steer_hydra` in a subprocess with the loopback stand-in as the server; FAIL_JOBS=1 makes each job raise.
 APP = """
 import os, sys
-from steer_hydra.backends import vllm_launch
+from steer_hydra.backends.vllm import launch as vllm_launch
 vllm_launch.server_entry = lambda: [sys.executable, os.environ["STAND_IN"]]
 if os.environ.get("FAIL_JOBS"):
     import steer_hydra.app.job as job

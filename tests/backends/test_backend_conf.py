@@ -12,8 +12,8 @@ import pytest
 from omegaconf import OmegaConf
 
 import steer_hydra
-from steer_hydra.backends.vllm import engine_kwargs
-from steer_hydra.backends.vllm_serve import ServeOptions
+from steer_hydra.backends.vllm.offline import engine_kwargs
+from steer_hydra.backends.vllm.serve import ServeOptions
 from steer_hydra.core import BackendSpec
 from steer_hydra.core.backend import BACKENDS
 

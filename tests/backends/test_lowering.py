@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from steer_hydra.backends.lowering import (
+from steer_hydra.backends.vllm.lowering import (
     candidates_per_request,
     expand_candidates,
     pad_continuations,

@@ -23,8 +23,8 @@ from vllm_real import (
     run_eval,
 )
 
-from steer_hydra.backends.lowering import sampling_fields
-from steer_hydra.backends.vllm_steering import lower, steering_fields
+from steer_hydra.backends.vllm.lowering import sampling_fields
+from steer_hydra.backends.vllm.steering import lower, steering_fields
 from steer_hydra.controls.state import CAA, ActAdd
 from steer_hydra.core import GenerationParams, SteeringPipeline
 from steer_hydra.evaluation import ProviderOptions, as_inspect_model

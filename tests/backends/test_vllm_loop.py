@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from steer_hydra.backends.vllm_loop import EngineLoop
+from steer_hydra.backends.vllm.loop import EngineLoop
 
 
 class _Engine:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from steer_hydra.backends.vllm_serve import VLLMServeBackend
+from steer_hydra.backends.vllm.serve import VLLMServeBackend
 from steer_hydra.controls.structural import LoRAAdapter
 from steer_hydra.core import BackendSpec, SteeringPipeline
 from steer_hydra.models import TinySpec, build_tiny_model
@@ -145,7 +145,7 @@ def test_engine_serves_the_adapter_per_request_like_hugging_face_merged(lora_eng
 def test_a_batch_mixing_adapter_and_base_requests_gives_each_row_what_it_gets_alone(lora_engine):
     from vllm_real import chat_prompts
 
-    from steer_hydra.backends.lowering import sampling_fields
+    from steer_hydra.backends.vllm.lowering import sampling_fields
     from steer_hydra.core import GenerationParams
 
     backend = lora_engine._backend
@@ -163,7 +163,7 @@ def test_a_batch_mixing_adapter_and_base_requests_gives_each_row_what_it_gets_al
 def test_a_launched_server_with_the_adapter_serves_it_like_hugging_face(tiny64_adapter, tmp_path, record_property):
     from vllm_real import MIN_AGREEMENT, TINY64, agreement, generate, rows, steered
 
-    from steer_hydra.backends.vllm_launch import launch_server
+    from steer_hydra.backends.vllm.launch import launch_server
 
     name = LoRAAdapter(adapter=tiny64_adapter).adapter_name
     lora_args = [

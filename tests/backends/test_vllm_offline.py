@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import torch
 
-from steer_hydra.backends.lowering import sampling_fields
-from steer_hydra.backends.vllm import INSTALL_HINT, VLLMBackend, engine_kwargs
-from steer_hydra.backends.vllm_steering import ENV_FLAG, RUNNER_ENV, XARGS_KEY, XARGS_START, lower
+from steer_hydra.backends.vllm.lowering import sampling_fields
+from steer_hydra.backends.vllm.offline import INSTALL_HINT, VLLMBackend, engine_kwargs
+from steer_hydra.backends.vllm.steering import ENV_FLAG, RUNNER_ENV, XARGS_KEY, XARGS_START, lower
 from steer_hydra.controls.input import SystemPrompt
 from steer_hydra.controls.state import CAA
 from steer_hydra.core import BackendSpec, GenerationParams, ModelSource, SteeringPipeline
@@ -167,7 +167,7 @@ def test_missing_extra_raises_an_import_error_naming_it(monkeypatch):
 
 def test_check_and_the_module_never_import_vllm(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # any `import vllm` now raises ImportError
-    source = importlib.import_module("steer_hydra.backends.vllm").__file__
+    source = importlib.import_module("steer_hydra.backends.vllm.offline").__file__
     spec = importlib.util.spec_from_file_location("_vllm_backend_probe", source)
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)  # a fresh execution of the module, without vllm

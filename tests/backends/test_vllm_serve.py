@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from steer_hydra.backends.vllm_serve import (
+from steer_hydra.backends.vllm.serve import (
     ServeOptions,
     ServerError,
     ServerUnavailableError,
@@ -399,7 +399,7 @@ def test_servers_without_token_ids_are_re_tokenized_with_one_warning(client, ser
     server.return_token_ids = False
     try:
         pipeline = client()
-        with caplog.at_level(logging.WARNING, logger="steer_hydra.backends.vllm_serve"):
+        with caplog.at_level(logging.WARNING, logger="steer_hydra.backends.vllm.serve"):
             texts = pipeline.generate(messages=CHATS, max_new_tokens=10)
             pipeline.generate(messages=CHATS, max_new_tokens=10)
     finally:

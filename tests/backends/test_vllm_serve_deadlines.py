@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from steer_hydra.backends.vllm_serve import ServerError, ServerUnavailableError, VLLMServeBackend
+from steer_hydra.backends.vllm.serve import ServerError, ServerUnavailableError, VLLMServeBackend
 from steer_hydra.core import BackendSpec, SteeringPipeline
 from steer_hydra.models import build_tiny_model
 from steer_hydra.testing.loopback_server import LoopbackCompletionsServer
@@ -52,7 +52,7 @@ def test_a_frozen_server_fails_a_request_within_its_deadline_then_every_request_
     pipeline = client(request_timeout=0.4, request_deadline=1.0, max_retries=50)
     server.freeze()
     began = time.monotonic()
-    with caplog.at_level(logging.ERROR, logger="steer_hydra.backends.vllm_serve"):
+    with caplog.at_level(logging.ERROR, logger="steer_hydra.backends.vllm.serve"):
         with pytest.raises(ServerUnavailableError, match=r"gave up: its request_deadline=1s passed after \d attempt"):
             pipeline.generate(messages=CHAT, max_new_tokens=3)
         first = time.monotonic() - began
@@ -79,7 +79,7 @@ def test_the_job_deadline_bounds_every_request_after_connecting(client, server):
 def test_the_servers_error_text_reaches_the_console_once(client, server, caplog):
     pipeline = client()
     server.fail_next(500, "CUDA out of memory. Tried to allocate 2.00 GiB", count=2)
-    with caplog.at_level(logging.ERROR, logger="steer_hydra.backends.vllm_serve"):
+    with caplog.at_level(logging.ERROR, logger="steer_hydra.backends.vllm.serve"):
         for _ in range(2):
             with pytest.raises(ServerError, match="HTTP 500: CUDA out of memory"):
                 pipeline.generate(messages=CHAT, max_new_tokens=2)
@@ -120,7 +120,7 @@ def test_a_frozen_server_fails_the_whole_job_within_the_deadline(served, caplog)
     began = time.monotonic()
     try:
         with (
-            caplog.at_level(logging.ERROR, logger="steer_hydra.backends.vllm_serve"),
+            caplog.at_level(logging.ERROR, logger="steer_hydra.backends.vllm.serve"),
             pytest.raises(Exception, match="eval_set failed|request_deadline"),
         ):
             run.run()

@@ -21,8 +21,8 @@ from vllm_real import (
     vllm_server,
 )
 
-from steer_hydra.backends.lowering import sampling_fields
-from steer_hydra.backends.vllm_steering import ENV_FLAG, lower, steering_fields
+from steer_hydra.backends.vllm.lowering import sampling_fields
+from steer_hydra.backends.vllm.steering import ENV_FLAG, lower, steering_fields
 from steer_hydra.controls.state import ActAdd
 from steer_hydra.core import BackendSpec, GenerationParams
 

@@ -21,7 +21,7 @@ import pytest
 import torch
 from vllm_real import HIDDEN, TINY64
 
-from steer_hydra.backends.vllm_launch import group_alive
+from steer_hydra.backends.vllm.launch import group_alive
 from steer_hydra.controls.state.vectors import SteeringVector
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]

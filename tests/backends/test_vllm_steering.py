@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from steer_hydra.backends import vllm_plugin
-from steer_hydra.backends.vllm_plugin import add_rows, build_plan, install, request_spec
-from steer_hydra.backends.vllm_steering import (
+from steer_hydra.backends.vllm import plugin as vllm_plugin
+from steer_hydra.backends.vllm.plugin import add_rows, build_plan, install, request_spec
+from steer_hydra.backends.vllm.steering import (
     XARGS_KEY,
     XARGS_START,
     bind,
@@ -392,7 +392,7 @@ def test_a_runner_without_the_persistent_batch_is_left_alone(toy):
 
 
 def test_the_payload_is_encoded_once_per_distinct_additions_and_follows_their_content(monkeypatch):
-    from steer_hydra.backends import vllm_steering
+    from steer_hydra.backends.vllm import steering as vllm_steering
 
     rows = torch.arange(8, dtype=torch.float32).reshape(1, 8)
     written = []

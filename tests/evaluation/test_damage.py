@@ -14,15 +14,15 @@ from inspect_ai.log import ProvenanceData, invalidate_samples, read_eval_log, wr
 from inspect_ai.scorer import includes
 from inspect_ai.solver import generate
 
-from steer_hydra.core import ModelSource
-from steer_hydra.evaluation.frames import cells_frame
-from steer_hydra.evaluation.logs import (
+from steer_hydra.analysis.frames import cells_frame
+from steer_hydra.analysis.logs import (
     UNREADABLE_SUFFIX,
     cells_from_logs,
     failed_samples,
     results_from_logs,
     samples_frame,
 )
+from steer_hydra.core import ModelSource
 from steer_hydra.evaluation.provider import SteeringPipelineModelAPI
 from steer_hydra.evaluation.runner import SteeringEval
 from steer_hydra.evaluation.suite import InspectSuite

@@ -15,15 +15,15 @@ from pathlib import Path
 
 import pytest
 
+from steer_hydra.analysis import plotting
+from steer_hydra.analysis.frames import summarize_runs
+from steer_hydra.analysis.logs import results_from_logs
+from steer_hydra.analysis.stats import paired_deltas
 from steer_hydra.controls.input import SystemPrompt
 from steer_hydra.core import ModelSource
 from steer_hydra.core.identity import derive_trial_seed
-from steer_hydra.evaluation import plotting
-from steer_hydra.evaluation.frames import summarize_runs
-from steer_hydra.evaluation.logs import results_from_logs
 from steer_hydra.evaluation.provider import ProviderOptions, SteeringPipelineModelAPI
 from steer_hydra.evaluation.runner import SteeringEval
-from steer_hydra.evaluation.stats import paired_deltas
 from steer_hydra.evaluation.suite import InspectSuite
 from steer_hydra.models import TINY_REF
 from steer_hydra.tasks import smoke_suite

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 import steer_hydra.evaluation.provider as provider_module
-from steer_hydra.evaluation.logs import normalize_location
+from steer_hydra.analysis.logs import normalize_location
 from steer_hydra.evaluation.suite import InspectSuite, flatten_logs
 
 

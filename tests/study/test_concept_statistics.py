@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from steer_hydra.evaluation.stats import concept_deltas, concept_interval
+from steer_hydra.analysis.stats import concept_deltas, concept_interval
 
 VALUES = {"weddings": [1.0, 0.0, 1.0, 1.0], "joy": [0.0, 0.5, 0.0], "pirate": [1.0, 0.5]}
 

@@ -12,8 +12,8 @@ from inspect_ai.dataset import Sample
 from inspect_ai.model import ModelOutput, ModelUsage, get_model
 from inspect_ai.solver import generate
 
-from steer_hydra.evaluation.frames import cells_frame
-from steer_hydra.evaluation.logs import samples_frame
+from steer_hydra.analysis.frames import cells_frame
+from steer_hydra.analysis.logs import samples_frame
 from steer_hydra.tasks.judge import (
     HARMONIC_KEY,
     JudgeNotBoundError,

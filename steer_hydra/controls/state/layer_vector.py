@@ -79,7 +79,7 @@ def median_norm_of(vector: SteeringVector, owner: str) -> float:
 
 
 class FitsVector:
-    """What an engine backend's fit (`steer_hydra.backends.engine_fit`) reads of a state control that fits a vector
+    """What an engine backend's fit (`steer_hydra.backends.vllm.fit`) reads of a state control that fits a vector
     from hidden states: `fit_identity()` (what the fit depends on besides the model: the control and its
     `FIT_FIELDS` arguments), `fitted_vector` (set at `steer()` in `_fitted`) and `load_vector` (a cached fit)."""
 

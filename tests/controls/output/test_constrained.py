@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 import torch
 
-from steer_hydra.backends.engine import split_request_fields
+from steer_hydra.backends.vllm.engine import split_request_fields
 from steer_hydra.controls.output import ConstrainedDecoding, GrammarLogitsProcessor
 from steer_hydra.controls.output import constrained as constrained_module
 from steer_hydra.core import SteeringPipeline

@@ -11,10 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import steer_hydra.evaluation.logs as logs_module
-from steer_hydra.core.files import write_json
-from steer_hydra.core.identity import derive_trial_seed
-from steer_hydra.evaluation.frames import (
+import steer_hydra.analysis.logs as logs_module
+from steer_hydra.analysis.frames import (
     CELL_COLUMNS,
     RESULT_COLUMNS,
     RUN_ID_COLUMNS,
@@ -23,7 +21,7 @@ from steer_hydra.evaluation.frames import (
     runs_frame,
     summarize_runs,
 )
-from steer_hydra.evaluation.logs import (
+from steer_hydra.analysis.logs import (
     CONFIGS_DIR,
     LEFT_OUT_KEY,
     arm_names,
@@ -37,6 +35,8 @@ from steer_hydra.evaluation.logs import (
     samples_frame,
     task_result,
 )
+from steer_hydra.core.files import write_json
+from steer_hydra.core.identity import derive_trial_seed
 from steer_hydra.evaluation.runner import SteeringEval
 from steer_hydra.models import TINY_REF
 

@@ -30,8 +30,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from steer_hydra.backends.vllm_serve import ServeOptions
-from steer_hydra.backends.vllm_steering import ENV_FLAG, RUNNER_ENV, forced_v2_problem, forced_v2_runner
+from steer_hydra.backends.vllm.serve import ServeOptions
+from steer_hydra.backends.vllm.steering import ENV_FLAG, RUNNER_ENV, forced_v2_problem, forced_v2_runner
 from steer_hydra.core.files import atomic_write_text
 
 logger = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ id) and the server's version, which is what a protocol should record, so a resta
 resume.
 
 Launched server: with `launch: true` the app (`python -m steer_hydra`, its `LaunchServer` callback) starts one
-server for the run or sweep (`steer_hydra.backends.vllm_launch`) and hands its address to the jobs in the
+server for the run or sweep (`steer_hydra.backends.vllm.launch`) and hands its address to the jobs in the
 environment variable `LAUNCHED_URL_ENV`; `base_url` then stays unset and is read from there.
 
 Token ids come back exactly through vLLM's `return_token_ids` request extension (recent vLLM answers with
@@ -49,8 +49,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from steer_hydra.backends.engine import TokenEngineBackend
-from steer_hydra.backends.vllm import LoRAServing, lora_rank_bound
+from steer_hydra.backends.vllm.engine import TokenEngineBackend
+from steer_hydra.backends.vllm.offline import LoRAServing, lora_rank_bound
 from steer_hydra.core.rendering import encode_lock
 
 logger = logging.getLogger(__name__)

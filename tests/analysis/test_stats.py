@@ -1,4 +1,4 @@
-"""evaluation.stats: scores as numbers, per-sample means over runs, paired deltas against the baseline with their
+"""analysis.stats: scores as numbers, per-sample means over runs, paired deltas against the baseline with their
 interval (samples are the clusters), the changed share (per sample over its (seed, trial_id) runs) and the
 degenerate rate."""
 
@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from steer_hydra.evaluation.stats import (
+from steer_hydra.analysis.stats import (
     DELTA_COLUMNS,
     changed_share,
     confidence_interval,

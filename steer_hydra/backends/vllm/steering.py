@@ -4,11 +4,11 @@ A state control that declares `adds_residual` (its whole effect is fixed `Residu
 residual streams: CAA adds at a layer's output from a token-scope start, ActAdd a positional block at a layer's
 input, DirectionalAblation projects one direction out of each layer's streams) is bound at `steer()` on a model
 skeleton built on the meta device from the checkpoint's config (no weights; a vector to fit comes fitted, see
-`engine_fit`), and lowered per call to the edits its `residual_edits()` returns. Each prompt row then carries them
+`fit`), and lowered per call to the edits its `residual_edits()` returns. Each prompt row then carries them
 in `SamplingParams.extra_args` (offline) or `vllm_xargs` (server) under `steer_hydra` (the edits as JSON: layer,
 site, mode, rows) and `steer_hydra_start` (one start position per edit, from the row's prompt length), plus a
 `cache_salt` naming the steering, so steered and unsteered requests never share prefix-cache blocks. The worker
-side (`steer_hydra.backends.vllm_plugin`) maps the flat token batch to requests and applies the edits.
+side (`steer_hydra.backends.vllm.plugin`) maps the flat token batch to requests and applies the edits.
 
 Nothing here imports vLLM: lowering and the wire format are unit-tested on a CPU. The rows are the control's own
 (the tensor its hooks add, the unit direction they project out), so normalisation, strength units and sanity
@@ -118,7 +118,7 @@ def meta_skeleton(model_path: str, trust_remote_code: bool) -> torch.nn.Module:
 
 def bind(control: Any, skeleton: torch.nn.Module, tokenizer: Any, backend_kind: str, **steer_kwargs: Any) -> None:
     """Bind a lowerable control (layer, vector, scaling) on the skeleton; a vector still to fit must come fitted
-    (`fitted_vector=`, see `engine_fit`), else it is refused naming why."""
+    (`fitted_vector=`, see `fit`), else it is refused naming why."""
     name = type(control).__name__
     if Capability.HIDDEN_CAPTURE in control.requirements() and steer_kwargs.get("fitted_vector") is None:
         raise ValueError(
@@ -187,7 +187,7 @@ class EngineSteering:
     kind: str
     model_path: str | None
     tokenizer: Any
-    # whether a vector to fit is fitted on the Hugging Face model of the engine's checkpoint (`engine_fit`): the
+    # whether a vector to fit is fitted on the Hugging Face model of the engine's checkpoint (`fit`): the
     # in-process engine has that checkpoint locally; a server's may live elsewhere
     fits_vectors: ClassVar[bool] = False
 
@@ -203,7 +203,7 @@ class EngineSteering:
             raise ValueError(f"backend={self.kind} lowers {type(control).__name__} from model_name_or_path=; none.")
         trust_remote_code = getattr(self, "_trust_remote_code", False)
         if Capability.HIDDEN_CAPTURE in control.requirements() and self.fits_vectors:
-            from steer_hydra.backends.engine_fit import fitted_for_engine
+            from steer_hydra.backends.vllm.fit import fitted_for_engine
 
             steer_kwargs["fitted_vector"] = fitted_for_engine(
                 control,

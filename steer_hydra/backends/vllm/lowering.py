@@ -20,7 +20,7 @@ The table (strict: a generation kwarg without a row here raises, naming it):
 | `extra` | (none) | refused: name the key, use backend=huggingface |
 
 State controls lowered to the engine (CAA, ActAdd with a given vector) add `vllm_xargs` (offline: the
-`SamplingParams.extra_args`) and a `cache_salt` per row: see `steer_hydra.backends.vllm_steering`.
+`SamplingParams.extra_args`) and a `cache_salt` per row: see `steer_hydra.backends.vllm.steering`.
 
 Output controls add per-row request fields (`RequestFields`, merged by `TokenEngineBackend._run`):
 

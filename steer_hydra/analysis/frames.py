@@ -8,7 +8,7 @@
 Every frame names a run with the same columns (`RUN_ID_COLUMNS`): `arm` (the configuration's display name),
 `config_id` (the key every selection and join uses), `trial_id`, `seed` (the seed the run was launched with) and
 `trial_seed` (the seed derived per configuration and trial). Reading `.eval` logs (samples, results rebuilt from a
-save_dir) is `evaluation.logs`; paired statistics against the baseline are `evaluation.stats`. Nothing here imports
+save_dir) is `analysis.logs`; paired statistics against the baseline are `analysis.stats`. Nothing here imports
 Inspect.
 """
 

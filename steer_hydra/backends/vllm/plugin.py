@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from steer_hydra.backends.vllm_steering import ENV_FLAG, RUNNER_ENV, XARGS_KEY, XARGS_START
+from steer_hydra.backends.vllm.steering import ENV_FLAG, RUNNER_ENV, XARGS_KEY, XARGS_START
 
 logger = logging.getLogger("vllm.steer_hydra")  # under vLLM's logger: its processes print it
 

@@ -41,9 +41,7 @@ from urllib.request import url2pathname
 
 import pandas as pd
 
-from steer_hydra.core.files import read_json
-from steer_hydra.core.identity import derive_trial_seed
-from steer_hydra.evaluation.frames import (
+from steer_hydra.analysis.frames import (
     CELL_COLUMNS,
     RUN_ID_COLUMNS,
     SAMPLE_ID_COLUMNS,
@@ -52,6 +50,8 @@ from steer_hydra.evaluation.frames import (
     cells_frame,
     results_frame,
 )
+from steer_hydra.core.files import read_json
+from steer_hydra.core.identity import derive_trial_seed
 
 logger = logging.getLogger(__name__)
 

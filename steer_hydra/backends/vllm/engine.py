@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from steer_hydra.backends.lowering import (
+from steer_hydra.backends.vllm.lowering import (
     expand_candidates,
     pad_continuations,
     prompt_rows,
@@ -36,7 +36,7 @@ from steer_hydra.backends.lowering import (
     row_seeds,
     sampling_fields,
 )
-from steer_hydra.backends.vllm_steering import EngineSteering
+from steer_hydra.backends.vllm.steering import EngineSteering
 from steer_hydra.core.backend import Backend
 from steer_hydra.core.capabilities import Capability
 from steer_hydra.core.controls import RequestFields
@@ -103,7 +103,7 @@ class TokenEngineBackend(EngineSteering, Backend):
 
     def ready(self) -> None:
         """Start the engine (or connect to the server) once the controls are prepared: a vector fitted on the
-        Hugging Face model (`engine_fit`) is released before the engine takes the device."""
+        Hugging Face model (`fit`) is released before the engine takes the device."""
         if not self._opened:
             self._open(model_name_or_path=self._reference, trust_remote_code=self._trust_remote_code)
             self._opened = True

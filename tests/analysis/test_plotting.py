@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
-from steer_hydra.evaluation import plotting  # noqa: E402
+from steer_hydra.analysis import plotting  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("error")
 
