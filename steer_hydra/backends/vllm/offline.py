@@ -95,6 +95,10 @@ class LoRAServing:
     `check()` accepts it (it needs nothing in process), `steer_control` records it (`_prepare_lora` readies the
     engine), and every request of the pipeline gets `_lora_fields` while the control is enabled, so requests with
     and without the adapter share one engine. One adapter per pipeline (vLLM applies one per request).
+
+    A control with `prepare_for_engine(model_path, tokenizer, trust_remote_code=, dtype=)` (a trainer building its
+    adapter, a prompt optimizer choosing its prompt) gets it called first, before the engine boots: it builds what
+    it serves on the Hugging Face model of the engine's checkpoint (or finds it in its cache).
     """
 
     kind: str
@@ -108,6 +112,14 @@ class LoRAServing:
         return super().requirements_of(control)
 
     def steer_control(self, control: Any, tokenizer: Any, **steer_kwargs: Any) -> Any:
+        prepare = getattr(control, "prepare_for_engine", None)
+        if callable(prepare):  # it builds what it serves (a trained adapter, an optimized prompt) on the checkpoint
+            prepare(
+                self.model_path,
+                tokenizer,
+                trust_remote_code=getattr(self, "_trust_remote_code", False),
+                dtype=getattr(self, "_model_dtype", None),
+            )
         if not serves_lora(control):
             return super().steer_control(control, tokenizer, **steer_kwargs)
         artifact = control.export_lora()
