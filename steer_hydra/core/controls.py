@@ -20,8 +20,8 @@ layer read about it:
 - `RUNTIME_KWARGS_SCHEMA`: the per-call or per-row arguments it reads;
 - `vector_hash`: the content hash of a steering vector it uses beyond its Args (None when none);
 - state controls only: `adds_residual` with `residual_edits()` (or `residual_addition()` for one), when the
-  control's whole effect is fixed edits of decoder layers' residual streams (additions, projections), so a backend
-  that runs no hooks (vLLM) can apply them itself.
+  control's whole effect is fixed edits of decoder layers' residual streams (additions, projections, rotations,
+  head-slice additions, per-row gates), so a backend that runs no hooks (vLLM) can apply them itself.
 """
 
 from __future__ import annotations
@@ -235,30 +235,47 @@ class InputControl(BaseControl):
 
 @dataclass(frozen=True, slots=True)
 class ResidualAddition:
-    """A fixed edit of one decoder layer's residual stream, the same on every call and every prompt row: an
-    addition, or the projection of one direction out of it.
+    """A fixed edit of one decoder layer's residual stream (or of its attention heads' outputs), the same on every
+    call and every prompt row: an addition, the projection of one direction out of it, a rotation in a plane, or
+    the reading of a condition that gates other edits per prompt row.
 
     Attributes:
         layer: decoder layer index.
-        site: `output` (after the layer), `input` (before it) or `attention` (the attention block's output, before
-            it joins the stream).
-        mode: `from` (row 0 added at every position >= the start), `block` (row t added at position start + t) or
-            `project` (row 0 is a unit direction r; `h <- h - (h.r) r` at every position >= the start).
-        rows: `[R, hidden]` float32 on the CPU, at strength (any multiplier, normalisation or unit applied).
+        site: `output` (after the layer), `input` (before it), `attention` (the attention block's output, before
+            it joins the stream) or `heads` (the attention heads' concatenated outputs, the input of the
+            attention's output projection: `[heads * head_dim]` wide, one slice per head).
+        mode: `from` (row 0 added at every position >= the start), `block` (row t added at position start + t),
+            `project` (row 0 is a unit direction r; `h <- h - (h.r) r` at every position >= the start),
+            `rotate` (rows 0 and 1 are an orthonormal basis of a plane; the stream's component in it is rotated
+            by `angle`, from row 0 toward row 1, at every position >= the start; the norm is kept), `rotate_to`
+            (the same plane component set to the angle `angle` from row 0, its length kept), or `condition`
+            (row 0 is a unit direction c; nothing is edited: the mean of the stream over the prompt's positions,
+            those before the start, decides the gate named `gate` for that prompt row, open when
+            `|m.c| / |m|` (the cosine of m with its projection on c) compares to `threshold` as `comparison` says).
+        rows: `[R, width]` float32 on the CPU, at strength (any multiplier, normalisation or unit applied).
         scope: how the start follows from a prompt's length: `after_prompt` (the first generated token), `all`,
             `last_k` (the prompt's last `last_k` tokens and after) or `position` (`offset` tokens after the first
             prompt token).
         preserve_norm: rescale each steered state back to its norm before the addition.
+        angle: the rotation (`rotate`) or target angle (`rotate_to`), in radians.
+        gate: for a `condition`, the name of the gate it decides; for any other edit, the gate that must be open for
+            it to apply to a row (None: ungated). A gated edit's scope is `after_prompt`, so every gate is decided on
+            the prompt before the edits it gates act.
+        threshold, comparison: a `condition`'s decision rule.
     """
 
     layer: int
-    site: Literal["output", "input", "attention"]
-    mode: Literal["from", "block", "project"]
+    site: Literal["output", "input", "attention", "heads"]
+    mode: Literal["from", "block", "project", "rotate", "rotate_to", "condition"]
     rows: torch.Tensor
     scope: Literal["after_prompt", "all", "last_k", "position"]
     last_k: int = 0
     offset: int = 0
     preserve_norm: bool = False
+    angle: float = 0.0
+    gate: str | None = None
+    threshold: float = 0.0
+    comparison: Literal[">", "<"] = ">"
 
     def start(self, prompt_length: int) -> int:
         """The first steered position of a prompt row with `prompt_length` real tokens."""

@@ -1,13 +1,18 @@
-"""State controls lowered to vLLM: residual-stream edits (CAA, ActAdd, DirectionalAblation) carried per request.
+"""State controls lowered to vLLM: residual-stream edits (CAA, ActAdd, DirectionalAblation, ITI, CAST, angular
+steering, ActivationAdapter) carried per request.
 
 A state control that declares `adds_residual` (its whole effect is fixed `ResidualAddition` edits of decoder layers'
 residual streams: CAA adds at a layer's output from a token-scope start, ActAdd a positional block at a layer's
-input, DirectionalAblation projects one direction out of each layer's streams) is bound at `steer()` on a model
+input, DirectionalAblation projects one direction out of each layer's streams, ITI adds to chosen heads' slices of
+the attention output projection's input, angular steering rotates the stream in a plane, CAST reads a condition on
+the prompt and gates its addition per request) is bound at `steer()` on a model
 skeleton built on the meta device from the checkpoint's config (no weights; a vector to fit comes fitted, see
 `fit`), and lowered per call to the edits its `residual_edits()` returns. Each prompt row then carries them
 in `SamplingParams.extra_args` (offline) or `vllm_xargs` (server) under `steer_hydra` (the edits as JSON: layer,
-site, mode, rows) and `steer_hydra_start` (one start position per edit, from the row's prompt length), plus a
-`cache_salt` naming the steering, so steered and unsteered requests never share prefix-cache blocks. The worker
+site, mode, rows; an angle, a gate, a threshold and a comparison where they apply) and `steer_hydra_start` (one
+start position per edit, from the row's prompt length), plus a `cache_salt` naming the steering, so steered and
+unsteered requests never share prefix-cache blocks. A request whose edits read a condition also carries a nonce of
+its own (`steer_hydra_nonce`, in its salt too): its gate is decided from its own prompt, computed in full. The worker
 side (`steer_hydra.backends.vllm.plugin`) maps the flat token batch to requests and applies the edits.
 
 Nothing here imports vLLM: lowering and the wire format are unit-tested on a CPU. The rows are the control's own
@@ -24,6 +29,7 @@ import hashlib
 import json
 import logging
 import os
+import secrets
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
@@ -37,6 +43,7 @@ logger = logging.getLogger(__name__)
 
 XARGS_KEY = "steer_hydra"  # JSON list of additions
 XARGS_START = "steer_hydra_start"  # one start position per addition
+XARGS_NONCE = "steer_hydra_nonce"  # a request's own name for its gates (requests whose edits read a condition)
 ENGINE_HOOK_KEY = "engine"  # the HookSet key under which lowered additions travel to `applied()`
 ENV_FLAG = "STEER_HYDRA_VLLM_STEERING"  # "1" switches the worker plugin on in vLLM's processes
 # vLLM 0.32 runs its V2 model runner wherever Triton is importable (every CUDA install) unless this is "0"; the worker
@@ -86,14 +93,23 @@ def steering_engine_environment() -> Iterator[None]:
 
 
 def wire(addition: ResidualAddition) -> dict[str, Any]:
-    """The JSON form the worker reads (floats written exactly: float32 values round-trip through float64)."""
-    return {
+    """The JSON form the worker reads (floats written exactly: float32 values round-trip through float64; the
+    angle and threshold are Python floats); fields at their defaults are left out."""
+    item: dict[str, Any] = {
         "layer": addition.layer,
         "site": addition.site,
         "mode": addition.mode,
         "preserve_norm": addition.preserve_norm,
         "rows": addition.rows.double().tolist(),
     }
+    if addition.mode in ("rotate", "rotate_to"):
+        item["angle"] = float(addition.angle)
+    if addition.gate is not None:
+        item["gate"] = addition.gate
+    if addition.mode == "condition":
+        item["threshold"] = float(addition.threshold)
+        item["comparison"] = addition.comparison
+    return item
 
 
 def is_lowerable(control: Any) -> bool:
@@ -142,6 +158,7 @@ def encoded(additions: Sequence[ResidualAddition]) -> tuple[str, str]:
     for a in additions:
         rows = a.rows.detach().cpu().contiguous()
         key.update(f"{a.layer}|{a.site}|{a.mode}|{a.preserve_norm}|{rows.dtype}|{tuple(rows.shape)}|".encode())
+        key.update(f"{float(a.angle)!r}|{a.gate}|{float(a.threshold)!r}|{a.comparison}|".encode())
         key.update(rows.view(torch.uint8).numpy().tobytes())
     digest = key.digest()
     with _ENCODED_LOCK:
@@ -157,13 +174,19 @@ def encoded(additions: Sequence[ResidualAddition]) -> tuple[str, str]:
 
 
 def steering_fields(additions: Sequence[ResidualAddition], prompt_length: int) -> dict[str, Any]:
-    """Request fields for one prompt row: `vllm_xargs` (the additions and their starts) and a `cache_salt`."""
+    """Request fields for one prompt row: `vllm_xargs` (the additions and their starts) and a `cache_salt`; with a
+    condition among them, a fresh nonce in both (no prefix-cache block is shared with another request, so the
+    worker computes, and reads, every prompt position)."""
     if not additions:
         return {}
     payload, payload_digest = encoded(additions)
     starts = [a.start(prompt_length) for a in additions]
-    salt = hashlib.sha256(f"{payload_digest}{json.dumps(starts)}".encode()).hexdigest()[:32]
-    return {"vllm_xargs": {XARGS_KEY: payload, XARGS_START: starts}, "cache_salt": f"steer_hydra-{salt}"}
+    xargs: dict[str, Any] = {XARGS_KEY: payload, XARGS_START: starts}
+    nonce = ""
+    if any(a.mode == "condition" for a in additions):
+        nonce = xargs[XARGS_NONCE] = secrets.token_hex(12)
+    salt = hashlib.sha256(f"{payload_digest}{json.dumps(starts)}{nonce}".encode()).hexdigest()[:32]
+    return {"vllm_xargs": xargs, "cache_salt": f"steer_hydra-{salt}"}
 
 
 def current_additions() -> tuple[ResidualAddition, ...]:
