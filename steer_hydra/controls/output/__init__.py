@@ -3,6 +3,12 @@
 from steer_hydra.controls.output.best_of_n import BestOfN
 from steer_hydra.controls.output.constrained import ConstrainedDecoding, GrammarLogitsProcessor
 from steer_hydra.controls.output.contrastive import ContrastiveDecoding, ContrastiveLogitsProcessor
+from steer_hydra.controls.output.contrastive_guidance import (
+    ContrastiveGuidance,
+    DExperts,
+    MixingLogitsProcessor,
+    ProxyTuning,
+)
 from steer_hydra.controls.output.deal import DeAL
 from steer_hydra.controls.output.reward_guided import RewardGuidedDecoding, RewardLogitsProcessor
 from steer_hydra.controls.output.scorers import MajorityVoteScorer
@@ -16,17 +22,23 @@ from steer_hydra.controls.output.search import (
 )
 from steer_hydra.controls.output.stopping_rules import StoppingRules
 from steer_hydra.controls.output.thinking_budget import ThinkingBudget
+from steer_hydra.controls.output.value_guidance import ClassifierValues, ValueGuidance, ValueGuidedProcessor
 
 __all__ = [
     "BestOfN",
     "Candidate",
     "ConstrainedDecoding",
+    "ClassifierValues",
     "ContrastiveDecoding",
+    "ContrastiveGuidance",
     "ContrastiveLogitsProcessor",
+    "DExperts",
     "DeAL",
     "Frontier",
     "GrammarLogitsProcessor",
     "MajorityVoteScorer",
+    "MixingLogitsProcessor",
+    "ProxyTuning",
     "RewardGuidedDecoding",
     "RewardLogitsProcessor",
     "SampleSequenceScorer",
@@ -35,4 +47,6 @@ __all__ = [
     "SegmentProposer",
     "StoppingRules",
     "ThinkingBudget",
+    "ValueGuidance",
+    "ValueGuidedProcessor",
 ]

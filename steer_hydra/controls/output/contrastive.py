@@ -1,47 +1,39 @@
 """ContrastiveDecoding: expert minus amateur log-probabilities under a plausibility cut, as a logits processor.
 
-How it runs: `steer()` loads the amateur beside the pipeline's model (the backend's `load_model`: same device and
-dtype) and checks that both score the same vocabulary. Each call gets a fresh `ContrastiveLogitsProcessor` built
-on the call's left-padded prompt and its mask; at each step it advances the amateur by the tokens added since the
-last step with the amateur's own KV cache (positions and attention mask from the prompt mask, every generated token
-counting), so a row decodes the same alone or in a batch. `cleanup()` drops the amateur.
+Contrastive decoding is `ContrastiveGuidance` configured with the amateur as its one second model at weight -1, in
+log-probability space, under the plausibility cut `alpha`; this module maps its own arguments onto that
+configuration (how it runs, the amateur's KV cache: `steer_hydra.controls.output.contrastive_guidance`).
 """
 
 from __future__ import annotations
 
-import gc
 import math
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from steer_hydra.controls.output.auxiliary import PrefixCache, call_rows, release
-from steer_hydra.core.capabilities import Capability
-from steer_hydra.core.controls import BaseArgs, OutputControl
+from steer_hydra.controls.output.contrastive_guidance import (
+    ContrastiveGuidance,
+    MixingLogitsProcessor,
+    check_model_reference,
+    mixed_scores,
+    output_vocab_size,
+)
+from steer_hydra.core.controls import BaseArgs
 
-
-def output_vocab_size(model: torch.nn.Module) -> int:
-    """How many scores a causal LM produces per position (its output embedding's rows)."""
-    head = model.get_output_embeddings()
-    if head is not None and getattr(head, "weight", None) is not None:
-        return int(head.weight.shape[0])
-    return int(model.config.vocab_size)
+__all__ = ["ContrastiveDecoding", "ContrastiveLogitsProcessor", "contrastive_scores", "output_vocab_size"]
 
 
 def contrastive_scores(
     expert_logits: torch.Tensor, amateur_logits: torch.Tensor, alpha: float, amateur_temperature: float = 1.0
 ) -> torch.Tensor:
     """`log p_exp - log p_ama` on tokens with `p_exp >= alpha * max p_exp`, `-inf` elsewhere (the CD objective)."""
-    expert = torch.log_softmax(expert_logits.float(), dim=-1)
-    amateur = torch.log_softmax(amateur_logits.float() / amateur_temperature, dim=-1)
-    cutoff = expert.max(dim=-1, keepdim=True).values + math.log(alpha)
-    scores = expert - amateur
-    return scores.masked_fill(expert < cutoff, -float("inf")).to(expert_logits.dtype)
+    return mixed_scores(
+        expert_logits, [amateur_logits], [-1.0], [amateur_temperature], space="log_probs", plausibility=alpha
+    )
 
 
-class ContrastiveLogitsProcessor:
+class ContrastiveLogitsProcessor(MixingLogitsProcessor):
     """One call's contrastive step: the amateur runs incrementally beside the expert with its own KV cache (a
     `PrefixCache` over the call's rows: prefilled again when the sequences do not extend the ones it holds)."""
 
@@ -54,26 +46,28 @@ class ContrastiveLogitsProcessor:
         amateur_temperature: float = 1.0,
         pad_token_id: int | None = None,
     ) -> None:
-        self.amateur = PrefixCache(amateur, prompt_ids, prompt_mask, pad_token_id)
-        self.alpha, self.amateur_temperature = alpha, amateur_temperature
+        super().__init__(
+            [amateur],
+            prompt_ids,
+            prompt_mask,
+            weights=[-1.0],
+            temperatures=[amateur_temperature],
+            space="log_probs",
+            plausibility=alpha,
+            pad_token_id=pad_token_id,
+            owner="ContrastiveDecoding",
+            fields=["amateur"],
+        )
 
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        amateur_logits = self.amateur.advance(input_ids).logits[:, -1, :]
-        if amateur_logits.shape[-1] != scores.shape[-1]:
-            raise RuntimeError(
-                f"ContrastiveDecoding: the amateur scores {amateur_logits.shape[-1]} tokens, the model "
-                f"{scores.shape[-1]}. Fix: pick an amateur that shares the model's tokenizer (amateur=...)."
-            )
-        return contrastive_scores(scores, amateur_logits.to(scores.device), self.alpha, self.amateur_temperature)
 
-
-class ContrastiveDecoding(OutputControl):
+class ContrastiveDecoding(ContrastiveGuidance):
     """Contrastive decoding: prefer tokens the model (the expert) likes much more than a weaker amateur model.
 
     Paper: Li et al., "Contrastive Decoding: Open-ended Text Generation as Optimization" (ACL 2023,
     arXiv 2210.15097). At each step the score of token x is `log p_exp(x) - log p_ama(x)` over the adaptive
     plausibility set `{x : p_exp(x) >= alpha * max_w p_exp(w)}`; every other token gets -inf. Greedy decoding on
-    these scores is the paper's search (its beam search is the same objective under `num_beams`).
+    these scores is the paper's search (its beam search is the same objective under `num_beams`). A configuration of
+    `ContrastiveGuidance` (one second model at weight -1, log-probabilities, `plausibility=alpha`).
 
     Args:
         amateur: model reference of the amateur (`steer_hydra:tiny?...`, a Hub id or a path); it must share the
@@ -93,11 +87,7 @@ class ContrastiveDecoding(OutputControl):
         amateur_temperature: float = 1.0
 
         def validate(self) -> None:
-            if not self.amateur.strip():
-                raise ValueError(
-                    "ContrastiveDecoding.amateur must name a model; got ''. "
-                    "Fix: amateur=<Hub id, path or steer_hydra:tiny?...> sharing the model's tokenizer."
-                )
+            check_model_reference("ContrastiveDecoding", "amateur", self.amateur)
             if not (math.isfinite(self.alpha) and 0 < self.alpha <= 1):
                 raise ValueError(
                     f"ContrastiveDecoding.alpha must be in (0, 1]; got {self.alpha}. "
@@ -109,53 +99,25 @@ class ContrastiveDecoding(OutputControl):
                     f"got {self.amateur_temperature}. Fix: use 1.0."
                 )
 
-    supports_batching = True
-    supports_refill = False
+    amateur: str
+    alpha: float
+    amateur_temperature: float
 
     def _configure(self) -> None:
-        self._amateur: torch.nn.Module | None = None
+        self.models = [self.amateur]
+        self.weights = [-1.0]
+        self.temperatures = [self.amateur_temperature]
+        self.base_weight = 1.0
+        self.space = "log_probs"
+        self.plausibility = self.alpha
+        self.top_p = None
+        super()._configure()
+
+    @property
+    def model_fields(self) -> list[str]:
+        return ["amateur"]
 
     @property
     def amateur_model(self) -> torch.nn.Module | None:
         """The loaded amateur (None before `steer()` and after `cleanup()`)."""
-        return self._amateur
-
-    def requirements(self) -> frozenset[Capability]:
-        return frozenset({Capability.IN_PROCESS_TORCH})
-
-    def steer(
-        self,
-        model: torch.nn.Module | None,
-        tokenizer: Any = None,
-        load_model: Callable[[str], torch.nn.Module] | None = None,
-        **kwargs: Any,
-    ) -> None:
-        if model is None or load_model is None:
-            raise RuntimeError(
-                "ContrastiveDecoding needs the live model and a second model in this process. "
-                "Fix: use backend=huggingface."
-            )
-        amateur = load_model(self.amateur)
-        expected, got = output_vocab_size(model), output_vocab_size(amateur)
-        if expected != got:
-            del amateur
-            gc.collect()
-            raise ValueError(
-                f"ContrastiveDecoding.amateur={self.amateur!r} scores {got} tokens but the model scores {expected}: "
-                "the amateur must share the model's tokenizer. Fix: set amateur to a smaller model of the same "
-                "family (same tokenizer and vocabulary)."
-            )
-        self._amateur = amateur
-        return None
-
-    def cleanup(self) -> None:
-        if self._amateur is not None:
-            device, self._amateur = next(self._amateur.parameters()).device, None
-            release(device)
-
-    def get_logits_processors(self, input_ids: torch.Tensor, runtime_kwargs: Mapping[str, Any], **kwargs: Any) -> list:
-        if self._amateur is None:
-            raise RuntimeError("ContrastiveDecoding has no amateur loaded. Fix: call pipeline.steer() first.")
-        ids, mask = call_rows(input_ids, kwargs)
-        pad = getattr(self.tokenizer, "pad_token_id", None)
-        return [ContrastiveLogitsProcessor(self._amateur, ids, mask, self.alpha, self.amateur_temperature, pad)]
+        return self._loaded[0] if self._loaded else None
