@@ -17,7 +17,7 @@ import torch
 
 from steer_hydra.backends.vllm.plugin import build_plan, install, parse, rotate_rows
 from steer_hydra.backends.vllm.steering import XARGS_KEY, XARGS_NONCE, bind, lower, meta_skeleton, steering_fields
-from steer_hydra.controls.state import ITI, AngularSteering
+from steer_hydra.controls.state import CAST, ITI, AngularSteering
 from steer_hydra.core.controls import ResidualAddition
 from steer_hydra.core.edits import condition_similarity, rotate_in_plane
 from steer_hydra.models import TINY_REF, resolve_model_reference
@@ -348,3 +348,18 @@ def test_iti_and_angular_steering_lower_on_the_meta_skeleton(skeleton):
     assert rotation.mode == "rotate" and rotation.angle == pytest.approx(math.pi / 6)
     with pytest.raises(ValueError, match="cannot capture"):
         bind(ITI(data=[{"positive": "a", "negative": "b"}] * 2), skeleton, None, "vllm_serve")
+
+
+def test_cast_lowers_to_its_condition_and_the_gated_caa_addition(skeleton):
+    condition = torch.randn(64, generator=torch.Generator().manual_seed(1))
+    cast = CAST(steering_vector=torch.ones(64), layer_id=1, multiplier=2.0, condition_vector=condition,
+                condition_layer=0, threshold=0.3, comparison="<")  # fmt: skip
+    bind(cast, skeleton, None, "vllm")
+    reading, gated = lower(cast)
+    assert (reading.layer, reading.mode, reading.threshold, reading.comparison) == (0, "condition", 0.3, "<")
+    assert (gated.layer, gated.mode, gated.gate, gated.scope) == (1, "from", reading.gate, "after_prompt")
+    torch.testing.assert_close(gated.rows[0], torch.full((64,), 2.0))
+    fields = steering_fields([reading, gated], 5)
+    assert XARGS_NONCE in fields["vllm_xargs"] and fields["vllm_xargs"]["steer_hydra_start"] == [5, 5]
+    parsed = parse(fields["vllm_xargs"][XARGS_KEY])
+    assert parsed[1].gate == parsed[0].gate and parsed[0].rows.shape == (1, 64)

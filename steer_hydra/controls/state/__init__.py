@@ -6,12 +6,14 @@ from steer_hydra.controls.state.ablation import DirectionalAblation
 from steer_hydra.controls.state.actadd import ActAdd
 from steer_hydra.controls.state.angular import AngularSteering
 from steer_hydra.controls.state.caa import CAA
+from steer_hydra.controls.state.cast import CAST
 from steer_hydra.controls.state.iti import ITI
 from steer_hydra.controls.state.pasta import PASTA
 from steer_hydra.controls.state.vectors import SteeringVector
 
 __all__ = [
     "CAA",
+    "CAST",
     "ITI",
     "PASTA",
     "ActAdd",

@@ -169,10 +169,12 @@ def probe_scores(
     return accuracy.float(), likelihood.float()
 
 
-def best_threshold(on: torch.Tensor, off: torch.Tensor) -> tuple[float, str, float]:
+def best_threshold(
+    on: torch.Tensor, off: torch.Tensor, comparisons: Sequence[str] = (">", "<")
+) -> tuple[float, str, float]:
     """`(threshold, comparison, accuracy)` separating scores that should open a gate (`on`) from those that should
-    not (`off`): every midpoint between sorted distinct scores, with `>` and `<`; the best accuracy wins, ties go
-    to the widest margin, then to `>`."""
+    not (`off`): every midpoint between sorted distinct scores, with each of `comparisons`; the best accuracy wins,
+    ties go to the widest margin, then to the first comparison."""
     scores = torch.cat([on, off]).double()
     truth = torch.cat([torch.ones_like(on, dtype=torch.bool), torch.zeros_like(off, dtype=torch.bool)])
     values = scores.unique(sorted=True)
@@ -182,7 +184,7 @@ def best_threshold(on: torch.Tensor, off: torch.Tensor) -> tuple[float, str, flo
     gaps = values[1:] - values[:-1]
     best: tuple[float, float, int, float, str] | None = None
     for threshold, gap in zip(midpoints.tolist(), gaps.tolist(), strict=True):
-        for rank, comparison in enumerate((">", "<")):
+        for rank, comparison in enumerate(comparisons):
             predicted = scores > threshold if comparison == ">" else scores < threshold
             accuracy = float((predicted == truth).double().mean())
             key = (accuracy, gap, -rank, threshold, comparison)
