@@ -11,6 +11,7 @@ from steer_hydra.controls.output.contrastive_guidance import (
 )
 from steer_hydra.controls.output.deal import DeAL
 from steer_hydra.controls.output.reward_guided import RewardGuidedDecoding, RewardLogitsProcessor
+from steer_hydra.controls.output.sasa import SASA, SubspaceMarginValues
 from steer_hydra.controls.output.scorers import MajorityVoteScorer
 from steer_hydra.controls.output.search import (
     Candidate,
@@ -41,11 +42,13 @@ __all__ = [
     "ProxyTuning",
     "RewardGuidedDecoding",
     "RewardLogitsProcessor",
+    "SASA",
     "SampleSequenceScorer",
     "SearchDriver",
     "SearchTrace",
     "SegmentProposer",
     "StoppingRules",
+    "SubspaceMarginValues",
     "ThinkingBudget",
     "ValueGuidance",
     "ValueGuidedProcessor",

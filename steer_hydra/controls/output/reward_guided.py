@@ -147,7 +147,7 @@ class RewardGuidedDecoding(ValueGuidance):
                 top_k=self.top_k,
                 label=self.label,
                 batch=("reward_batch_size", self.reward_batch_size),
-                beta_fix="use the paper's range (10 to 50)",
+                beta_fix="use the paper's range (10 to 50); to steer away from a class, set label to the other class",
                 top_k_fix="use the paper's top_k=20",
             )
 

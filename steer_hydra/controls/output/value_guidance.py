@@ -307,15 +307,15 @@ def check_guidance_args(
     top_k: int | None,
     label: int | None,
     batch: tuple[str, Any],
-    beta_fix: str = "a non-negative weight (0 leaves the candidates' scores as they are)",
+    beta_fix: str = (
+        "a non-negative weight (0 leaves the candidates' scores as they are); to steer away from a class, set label "
+        "to the other class"
+    ),
     top_k_fix: str = "e.g. top_k=20, or None for every token with a finite score",
 ) -> None:
     """Range checks shared by `ValueGuidance` and its configurations (errors name the field and the fix)."""
     if not (math.isfinite(beta) and beta >= 0):
-        raise ValueError(
-            f"{owner}.beta must be a finite number >= 0; got {beta}. Fix: {beta_fix}; to steer away from a class, "
-            "set label to the other class."
-        )
+        raise ValueError(f"{owner}.beta must be a finite number >= 0; got {beta}. Fix: {beta_fix}.")
     if top_k is not None and top_k < 1:
         raise ValueError(f"{owner}.top_k must be >= 1; got {top_k}. Fix: {top_k_fix}.")
     if label is not None and label < 0:
