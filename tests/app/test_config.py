@@ -35,6 +35,13 @@ def test_defaults_are_the_offline_smollm2_baseline_on_smoke(compose_cfg):
 REQUIRED_CONTROL_ARGS = {  # the options whose required argument (???) has no offline default
     "contrastive_decoding": ["arm.controls.slot.amateur='steer_hydra:tiny?seed=1&hidden_size=32'"],
     "reward_guided_decoding": ["arm.controls.slot.reward_model='steer_hydra:tiny-reward'"],
+    # trained, merged and optimized controls: their data, inputs or checkpoint (nothing is trained or loaded here)
+    "load_checkpoint": ["arm.controls.slot.checkpoint='steer_hydra:tiny?seed=1'"],
+    "model_merge": ["arm.controls.slot.models=[{model:a,weight:1},{model:b,weight:1}]"],
+    **{
+        option: ["arm.controls.slot.data=[{prompt:a,response:b,chosen:b,rejected:c}]"]
+        for option in ("sft_adapter", "dpo_adapter", "prewrite", "cpo", "gepa")
+    },
 }
 
 

@@ -1,0 +1,104 @@
+"""The trained, merged and optimized controls through the app: one sweep on the tiny model runs each control's option
+beside the baseline (arms from a search path, as a user's would be), every arm changes some completion against the
+baseline's, the results table names every arm with its config id, and a second sweep reuses every trained adapter,
+merge and chosen prompt from the cache instead of building it again."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from app_helpers import job_records, sweep_dir
+
+pytest.importorskip("trl")
+pytest.importorskip("mergekit")
+pytest.importorskip("gepa")
+
+SMALL = ["suite.limit=1", "suite.generate_overrides.max_tokens=8", "logger=none", "progress=false"]
+TRAIN_STEPS = "max_steps: 2, learning_rate: 0.01, save_steps: 100"
+OPTIMIZE = "max_new_tokens: 6, proposal_tokens: 8"
+
+
+def _arms(root: Path, data: Path, rows: Path) -> tuple[str, dict[str, str]]:
+    """Arm files for every new control under `root/user_conf/arm`; returns the search-path override and the arms."""
+    arms = {
+        "checkpoint": "defaults:\n  - /control@controls.ckpt: load_checkpoint\n"
+        "controls:\n  ckpt: {checkpoint: 'steer_hydra:tiny?seed=1'}",
+        "merge": "defaults:\n  - /control@controls.merge: model_merge\ncontrols:\n  merge:\n"
+        "    models: [{model: 'steer_hydra:tiny', weight: 0.5}, {model: 'steer_hydra:tiny?seed=1', weight: 0.5}]",
+        "sft": "defaults:\n  - /control@controls.sft: sft_adapter\n"
+        f"controls:\n  sft: {{data: '{data}', {TRAIN_STEPS}}}",
+        "dpo": "defaults:\n  - /control@controls.dpo: dpo_adapter\n"
+        f"controls:\n  dpo: {{data: '{data}', {TRAIN_STEPS}}}",
+        "prewrite": "defaults:\n  - /control@controls.opt: prewrite\n"
+        f"controls:\n  opt: {{data: '{rows}', rl_steps: 1, num_generations: 2, reward_rows: 1, num_rewrites: 1, "
+        f"{OPTIMIZE}}}",
+        "cpo": f"defaults:\n  - /control@controls.opt: cpo\ncontrols:\n  opt: {{data: '{rows}', num_rewrites: 0, "
+        f"{OPTIMIZE}}}",
+        "gepa": f"defaults:\n  - /control@controls.opt: gepa\ncontrols:\n  opt: {{data: '{rows}', max_metric_calls: 6, "
+        f"minibatch_size: 1, {OPTIMIZE}}}",
+    }
+    folder = root / "user_conf" / "arm"
+    folder.mkdir(parents=True)
+    for name, body in arms.items():
+        (folder / f"{name}.yaml").write_text(f"# @package arm\n{body}\nname: {name}\n")
+    return f"hydra.searchpath=[file://{root / 'user_conf'}]", arms
+
+
+def _cache_entries(cache: Path) -> dict[str, set[str]]:
+    return {
+        kind: {p.name for p in (cache / kind).iterdir() if not p.name.startswith(".")}
+        for kind in ("adapters", "merges", "prompts")
+        if (cache / kind).is_dir()
+    }
+
+
+@pytest.mark.slow
+def test_every_new_control_runs_in_a_sweep_beside_the_baseline_and_reuses_its_cache(run_main, tmp_path):
+    import os
+
+    pairs = [
+        {"prompt": f"tell me about the {w}", "positive": f"the {w} is kind", "negative": f"the {w} is rude"}
+        for w in ("cat", "dog", "bird", "fish")
+    ]
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(
+        "".join(
+            json.dumps({"input": f"what is the capital of {c}", "reference": "paris"}) + "\n"
+            for c in ("france", "spain", "italy")
+        )
+    )
+    search, arms = _arms(tmp_path, data, rows)
+    names = list(arms)
+    code, out, err = run_main("--multirun", "model=tiny", search, f"arm=baseline,{','.join(names)}", *SMALL)
+    assert code == 0, err[-3000:]
+    sweep = sweep_dir(tmp_path)
+    samples = pd.read_csv(sweep / "aggregate" / "samples.csv")
+    keys = ["task", "sample_id", "trial_id"]
+    base = samples[samples["arm"] == "baseline"].drop_duplicates(keys).set_index(keys)["completion"]
+    table = pd.read_csv(sweep / "aggregate" / "results_table.csv")
+    ids = dict(zip(table["arm"], table["config_id"], strict=False))
+    assert set(ids) == {"baseline", *names}
+    for arm in names:
+        steered = samples[samples["arm"] == arm].drop_duplicates(keys).set_index(keys)["completion"]
+        assert len(steered) > 0 and set(steered.index) == set(base.index), arm
+        assert (steered != base.loc[steered.index]).any(), f"{arm} left every completion as the baseline's"
+        assert len(ids[arm]) == 12 and f" {arm} " in out, arm
+    records = job_records(sweep)
+    assert {(r["arm"], r["config_id"]) for r in records} == set(ids.items())
+    cache = Path(os.environ["STEER_HYDRA_CACHE"])
+    built = _cache_entries(cache)
+    assert len(built["adapters"]) >= 2 and len(built["merges"]) >= 1 and len(built["prompts"]) >= 3
+
+    # the same arms again into a new sweep (a new save_dir): every artifact comes from the cache
+    for path in (tmp_path / "outputs").iterdir():
+        path.rename(tmp_path / f"first-{path.name}")
+    code, out, err = run_main("--multirun", "model=tiny", search, f"arm={','.join(names)}", *SMALL)
+    assert code == 0, err[-3000:]
+    assert _cache_entries(cache) == built
+    again = {(r["arm"], r["config_id"]) for r in job_records(sweep_dir(tmp_path))}
+    assert again == {(arm, ids[arm]) for arm in names}
