@@ -4,6 +4,7 @@ fit vectors from are concept files, read by `steer_hydra.tasks.concepts`."""
 
 from steer_hydra.controls.state.ablation import DirectionalAblation
 from steer_hydra.controls.state.actadd import ActAdd
+from steer_hydra.controls.state.adapter import ActivationAdapter
 from steer_hydra.controls.state.angular import AngularSteering
 from steer_hydra.controls.state.caa import CAA
 from steer_hydra.controls.state.cast import CAST
@@ -17,6 +18,7 @@ __all__ = [
     "ITI",
     "PASTA",
     "ActAdd",
+    "ActivationAdapter",
     "AngularSteering",
     "DirectionalAblation",
     "SteeringVector",
