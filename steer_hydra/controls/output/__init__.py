@@ -10,6 +10,7 @@ from steer_hydra.controls.output.contrastive_guidance import (
     ProxyTuning,
 )
 from steer_hydra.controls.output.deal import DeAL
+from steer_hydra.controls.output.phased import PhasedDecoding
 from steer_hydra.controls.output.reward_guided import RewardGuidedDecoding, RewardLogitsProcessor
 from steer_hydra.controls.output.sasa import SASA, SubspaceMarginValues
 from steer_hydra.controls.output.scorers import MajorityVoteScorer
@@ -39,6 +40,7 @@ __all__ = [
     "GrammarLogitsProcessor",
     "MajorityVoteScorer",
     "MixingLogitsProcessor",
+    "PhasedDecoding",
     "ProxyTuning",
     "RewardGuidedDecoding",
     "RewardLogitsProcessor",
