@@ -27,6 +27,7 @@ from steer_hydra.core.source import ModelSource
 from steer_hydra.core.stopping import StopOnStrings, StopOnTokens
 from steer_hydra.core.tensors import eos_ids
 from steer_hydra.models import resolve_model_reference
+from steer_hydra.models.loading import ensure_loaded, model_construction
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +64,10 @@ class HFBackend(Backend):
                 elif torch.cuda.is_available():
                     device = "cuda"
             logger.info("Loading %s", source.model_name_or_path)
-            model = AutoModelForCausalLM.from_pretrained(resolve_model_reference(source.model_name_or_path), **kwargs)
+            with model_construction():  # transformers' from_pretrained is not thread-safe (models/loading.py)
+                model = AutoModelForCausalLM.from_pretrained(
+                    resolve_model_reference(source.model_name_or_path), **kwargs
+                )
         if device is not None:
             model = model.to(device)
         ensure_loaded(model, source.model_name_or_path)
@@ -84,7 +88,10 @@ class HFBackend(Backend):
         dtype = next(self.model.parameters()).dtype
         path = resolve_model_reference(reference)
         logger.info("Loading auxiliary model %s (%s)", reference, head)
-        aux = auto[head].from_pretrained(path, dtype=dtype).to(self.device).eval()
+        with model_construction():
+            aux = auto[head].from_pretrained(path, dtype=dtype)
+        ensure_loaded(aux, reference)
+        aux = aux.to(self.device).eval()
         return (aux, AutoTokenizer.from_pretrained(path)) if with_tokenizer else aux
 
     def _generate_kwargs(
@@ -201,26 +208,6 @@ def sampling_kwargs(params: GenerationParams) -> dict[str, Any]:
             top_k=params.top_k if params.top_k is not None else 0,
         )
     return kwargs
-
-
-def ensure_loaded(model: torch.nn.Module, reference: Any = None) -> None:
-    """Every parameter holds data: an output embedding the config ties to the input embedding but that was left on
-    the meta device is tied now; any other parameter still on the meta device (not loaded, or offloaded to disk by a
-    `device_map`) is refused, naming it, instead of failing at the first forward."""
-    config = getattr(model, "config", None)
-    get_output = getattr(model, "get_output_embeddings", None)
-    head = get_output() if callable(get_output) else None
-    weight = getattr(head, "weight", None)
-    if getattr(config, "tie_word_embeddings", False) and weight is not None and weight.device.type == "meta":
-        logger.warning("The output embedding of %s was not tied to the input embedding at load; tying it.", reference)
-        head.weight = model.get_input_embeddings().weight  # the tie itself (transformers' mapping left it undone)
-    missing = [name for name, parameter in model.named_parameters() if parameter.device.type == "meta"]
-    if missing:
-        raise RuntimeError(
-            f"{len(missing)} parameter(s) of {reference or type(model).__name__} hold no data (on the meta device: "
-            f"{', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): not loaded, or offloaded to disk by a "
-            "device_map. Fix: load it whole, e.g. model.device_map=null on a CPU, or a device with room for it."
-        )
 
 
 def ensure_pad_token(tokenizer: Any, model: Any = None) -> None:

