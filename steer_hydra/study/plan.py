@@ -8,8 +8,11 @@ the arms that follow them at the chosen point, on the test suite and each cost s
   `model.steering_layer` (the model group's layer default, which the concept controls read); no `layers` keeps
   the model's default;
 - attention methods (`attention_methods`: PASTA) sweep `alpha` (`arm.controls.pasta.alpha`);
-- a point lists its axes in that order; grid order is strength (smallest magnitude first), then layer, so ties
-  in the objective go to the gentlest intervention.
+- methods with a strength of their own (`grids`: `{arm: {axis: [values]}}`) sweep those axes: ITI's `iti_alpha`
+  (`arm.controls.iti.alpha`), angular steering's `angle` (`arm.controls.angular.angle`, degrees), CAST's
+  `cast_strength` (`arm.controls.cast.multiplier`);
+- a point lists its axes in `AXES` order; grid order is each axis from its smallest magnitude, the first axis
+  slowest, so ties in the objective go to the gentlest intervention.
 
 Command-line overrides reach every job; `arm=a,b`, `strength=x,y`, `concept=a,b` (or `concepts=[a,b]`, or
 `concepts=<file listing one concept per line>`) set the study's arms, strength grid and concepts; any other sweep
@@ -29,7 +32,14 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from steer_hydra.tasks.concept_steering import OBJECTIVE
 
 # axis name -> the config key a job's override sets
-AXES = {"strength": "strength", "layer": "model.steering_layer", "alpha": "arm.controls.pasta.alpha"}
+AXES = {
+    "strength": "strength",
+    "layer": "model.steering_layer",
+    "alpha": "arm.controls.pasta.alpha",
+    "iti_alpha": "arm.controls.iti.alpha",
+    "angle": "arm.controls.angular.angle",
+    "cast_strength": "arm.controls.cast.multiplier",
+}
 STAGES = ("dev", "test", "cost")
 
 
@@ -98,6 +108,7 @@ class StudyPlan:
     strengths: list[float] = field(default_factory=list)
     layers: list[int] = field(default_factory=list)
     alphas: list[float] = field(default_factory=list)
+    grids: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     follows: dict[str, str] = field(default_factory=dict)
     baseline: str = "baseline"
     prompt_arm: str = "prompt_concept"
@@ -117,6 +128,18 @@ class StudyPlan:
         for arm in self.attention_methods:
             if not self.alphas:
                 raise ValueError(f"StudyPlan: attention method {arm!r} needs alphas. Fix: hydra.sweeper.alphas=[...].")
+        grids = {}
+        for arm, axes in dict(self.grids).items():
+            unknown = sorted(set(axes) - set(AXES))
+            if unknown or not axes or any(not list(values) for values in axes.values()):
+                raise ValueError(
+                    f"StudyPlan: grids[{arm!r}] must map axes among {list(AXES)} to non-empty value lists; got "
+                    f"{dict(axes)}. Fix: e.g. hydra.sweeper.grids.{arm}={{angle: [30, 60]}}."
+                )
+            grids[arm] = {
+                axis: sorted((float(v) for v in axes[axis]), key=lambda v: (abs(v), v)) for axis in AXES if axis in axes
+            }
+        self.grids = grids
         if not self.concepts:
             raise ValueError("StudyPlan: no concept. Fix: concept=<name or file> or concepts=[a,b].")
 
@@ -145,7 +168,7 @@ class StudyPlan:
     # ------------------------------------------------------------------------------------------ grids
     def swept(self, arm: str) -> bool:
         """Whether `arm` runs at a grid point (a method, or an arm that follows one)."""
-        return arm in self.vector_methods or arm in self.attention_methods or arm in self.follows
+        return arm in self.vector_methods or arm in self.attention_methods or arm in self.grids or arm in self.follows
 
     def methods(self) -> list[str]:
         """The arms whose point is chosen on dev: swept arms in the study, and the arms they follow."""
@@ -163,6 +186,9 @@ class StudyPlan:
             ]
         if method in self.attention_methods:
             return [Point((("alpha", a),)) for a in self.alphas]
+        if method in self.grids:
+            axes = self.grids[method]
+            return [Point(tuple(zip(axes, values, strict=True))) for values in itertools.product(*axes.values())]
         return [Point()]
 
     # ------------------------------------------------------------------------------------------ jobs

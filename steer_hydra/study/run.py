@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 
 from steer_hydra.core.files import read_json, write_csv, write_json
-from steer_hydra.study.plan import Job, StudyPlan
+from steer_hydra.study.plan import AXES, Job, StudyPlan
 from steer_hydra.study.report import study_frame, write_study
 from steer_hydra.study.selection import Objective, chosen_points, select_points
 
@@ -50,7 +50,9 @@ def read_launched(out_dir: str | Path) -> pd.DataFrame:
     path = Path(out_dir) / LAUNCHED_TABLE
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: it is written by a study sweep (experiment=concept_steering).")
-    return pd.read_csv(path, keep_default_na=True)
+    launched = pd.read_csv(path, keep_default_na=True)
+    missing = [axis for axis in AXES if axis not in launched]  # a table written before an axis existed
+    return launched.assign(**dict.fromkeys(missing, float("nan"))) if missing else launched
 
 
 def read_plan(out_dir: str | Path) -> StudyPlan:

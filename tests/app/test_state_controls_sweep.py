@@ -1,0 +1,116 @@
+"""ITI, CAST, angular steering and ActivationAdapter through the Hydra app: one sweep beside the baseline on the tiny
+model (each arm changes some completion and the results table names it), and their concept arms in the study (own
+strength axes: each grid point is its own configuration, overriding the control's own strength)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from app_helpers import job_records, sweep_dir
+from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+from hydra.utils import instantiate
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from steer_hydra.app.plan import JobPlan
+from steer_hydra.app.schema import register_configs
+from steer_hydra.controls.state import CAST, ITI, ActivationAdapter, AngularSteering
+from steer_hydra.study.plan import StudyPlan
+from steer_hydra.tasks.concepts import concept_pairs
+
+SMALL = ["suite.limit=1", "suite.generate_overrides.max_tokens=8", "logger=none", "progress=false"]
+ARMS = ["iti", "cast_open", "angular_steering", "activation_adapter"]
+
+
+def _cast_arm(root: Path) -> str:
+    """A CAST arm whose gate is open for every prompt (threshold 0 with '>': a similarity is >= 0), so the one sample
+    per task surely differs from the baseline's (the gating itself is tested in tests/controls/state/test_cast.py)."""
+    folder = root / "user_conf" / "arm"
+    folder.mkdir(parents=True)
+    (folder / "cast_open.yaml").write_text(
+        "# @package arm\ndefaults:\n  - /control@controls.cast: cast\n"
+        "controls:\n  cast: {threshold: 0.0, comparison: '>'}\nname: cast_open\n"
+    )
+    return f"hydra.searchpath=[file://{root / 'user_conf'}]"
+
+
+@pytest.mark.slow
+def test_each_new_state_control_runs_in_one_sweep_beside_the_baseline_on_tiny(run_main, tmp_path):
+    search = _cast_arm(tmp_path)
+    code, out, err = run_main("--multirun", "model=tiny", search, f"arm=baseline,{','.join(ARMS)}", *SMALL)
+    assert code == 0, err[-3000:]
+    sweep = sweep_dir(tmp_path)
+    samples = pd.read_csv(sweep / "aggregate" / "samples.csv")
+    keys = ["task", "sample_id", "trial_id"]
+    base = samples[samples["arm"] == "baseline"].drop_duplicates(keys).set_index(keys)["completion"]
+    table = pd.read_csv(sweep / "aggregate" / "results_table.csv")
+    ids = dict(zip(table["arm"], table["config_id"], strict=False))
+    assert set(ids) == {"baseline", *ARMS}
+    for arm in ARMS:
+        steered = samples[samples["arm"] == arm].drop_duplicates(keys).set_index(keys)["completion"]
+        assert len(steered) > 0 and set(steered.index) == set(base.index), arm
+        assert (steered != base.loc[steered.index]).any(), f"{arm} left every completion as the baseline's"
+        assert len(ids[arm]) == 12 and f" {arm} " in out, arm
+    assert {(r["arm"], r["config_id"]) for r in job_records(sweep)} == set(ids.items())
+
+
+def _plain(value):
+    return OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else value
+
+
+@pytest.fixture
+def study():
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="steer_hydra.conf", version_base="1.3"):
+        yield lambda *overrides, **kw: compose("config", overrides=["experiment=concept_steering", *overrides], **kw)
+    GlobalHydra.instance().clear()
+
+
+def test_the_concept_arms_join_the_study_with_their_own_strength_axes(study):
+    cfg = study(return_hydra_config=True)
+    plan = StudyPlan(**{key: _plain(value) for key, value in instantiate(cfg.hydra.sweeper).spec.items()})
+    plan.take_arguments(["arm=baseline,caa_concept,iti_concept,angular_concept,cast_concept"])
+    assert plan.methods() == ["caa_concept", "iti_concept", "angular_concept", "cast_concept"]
+    expected = {
+        "iti_concept": ("iti_alpha", "arm.controls.iti.alpha", ITI, "alpha"),
+        "angular_concept": ("angle", "arm.controls.angular.angle", AngularSteering, "angle"),
+        "cast_concept": ("cast_strength", "arm.controls.cast.multiplier", CAST, "multiplier"),
+    }
+    dev = plan.dev_jobs([])
+    ids = set()
+    for arm, (axis, key, control_class, field_name) in expected.items():
+        points = plan.grid(arm)
+        assert len(points) == 3 and [p.values[0][0] for p in points] == [axis] * 3
+        values = [p.values[0][1] for p in points]
+        assert values == sorted(values)  # the gentlest first: ties in the objective go to it
+        jobs = [job for job in dev if job.arm_name == arm]
+        assert [job.point for job in jobs] == points
+        for job, value in zip(jobs, values, strict=True):
+            assert f"{key}={value!r}" in job.overrides
+            job_plan = JobPlan.from_config(study(f"arm={arm}", f"{key}={value!r}", "concept=joy"))
+            (control,) = job_plan.controls
+            assert isinstance(control, control_class) and getattr(control, field_name) == value
+            ids.add(job_plan.config_id)
+        assert list(control.data) == concept_pairs("joy")
+    assert len(ids) == 9  # every point of every method is its own configuration
+    cast = JobPlan.from_config(study("arm=cast_concept", "strength=0.3")).controls[0]
+    assert cast.multiplier == 0.3 and cast.layer_id == 12 and cast.condition_open_for == "negative"
+    assert list(cast.condition_data) == concept_pairs("weddings")
+    chosen = {("weddings", arm): plan.grid(arm)[1] for arm in plan.methods()}
+    report = {(j.arm_name, j.stage): j.point for j in plan.report_jobs([], chosen)}
+    assert report[("angular_concept", "test")] == plan.grid("angular_concept")[1]
+
+
+def test_the_study_refuses_a_grid_on_an_unknown_axis():
+    with pytest.raises(ValueError, match=r"grids\['iti_concept'\] must map axes among .* Fix"):
+        StudyPlan(arms=["baseline"], grids={"iti_concept": {"temperature": [1.0]}})
+    with pytest.raises(ValueError, match="non-empty value lists"):
+        StudyPlan(arms=["baseline"], grids={"iti_concept": {"iti_alpha": []}})
+
+
+def test_the_adapter_option_is_caa_as_shipped(compose_cfg):
+    (control,) = JobPlan.from_config(compose_cfg(["arm=activation_adapter"])).controls
+    assert isinstance(control, ActivationAdapter) and control.transform == "add" and list(control.sites) == ["output"]
