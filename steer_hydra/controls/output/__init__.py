@@ -22,6 +22,7 @@ from steer_hydra.controls.output.search import (
     SearchTrace,
     SegmentProposer,
 )
+from steer_hydra.controls.output.search_decoding import SearchDecoding
 from steer_hydra.controls.output.stopping_rules import StoppingRules
 from steer_hydra.controls.output.thinking_budget import ThinkingBudget
 from steer_hydra.controls.output.value_guidance import ClassifierValues, ValueGuidance, ValueGuidedProcessor
@@ -46,6 +47,7 @@ __all__ = [
     "RewardLogitsProcessor",
     "SASA",
     "SampleSequenceScorer",
+    "SearchDecoding",
     "SearchDriver",
     "SearchTrace",
     "SegmentProposer",

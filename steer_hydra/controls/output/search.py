@@ -238,10 +238,13 @@ class SearchDriver(DecodingDriver):
     unfinished ones until none is left or `max_iterations` is spent. `max_new_tokens` is the global budget (each
     segment is clamped to what is left). Returns the best candidate seen; `last_trace` describes the search.
 
+    `max_rollouts` (optional) caps the continuations rolled out per prompt: an iteration extends only as many of the
+    best frontier beams as the cap leaves room for (`num_candidates` each), and the search stops when none fits.
+
     `prompt` is the prompt decoded without special tokens; `params` holds the search settings (`propose_mode`,
-    `segment_len`, `num_candidates`, `keep_k`, `max_iterations`, `max_new_tokens`, `iteration`) overlaid by the
-    row's `reward_params`. A beam is finished when its continuation ends in an eos id (the tokenizer's, plus an
-    `eos_token_id` generate kwarg), reaches the budget, or was stopped early by the rollout.
+    `segment_len`, `num_candidates`, `keep_k`, `max_iterations`, `max_new_tokens`, `iteration`, and `max_rollouts`
+    when set) overlaid by the row's `reward_params`. A beam is finished when its continuation ends in an eos id (the
+    tokenizer's, plus an `eos_token_id` generate kwarg), reaches the budget, or was stopped early by the rollout.
 
     Runtime kwarg `reward_params` (row scope): a mapping, or a one-element list of mappings.
     """
@@ -254,6 +257,7 @@ class SearchDriver(DecodingDriver):
         keep_k: int
         max_iterations: int
         propose_mode: Literal["beam", "sample"] = "beam"
+        max_rollouts: int | None = None
 
         def validate(self) -> None:
             validate_search(
@@ -263,6 +267,7 @@ class SearchDriver(DecodingDriver):
                 keep_k=("keep_k", self.keep_k),
                 max_iterations=("max_iterations", self.max_iterations),
             )
+            validate_max_rollouts("SearchDriver", "max_rollouts", self.max_rollouts, self.num_candidates)
 
     RUNTIME_KWARGS_SCHEMA = [
         {
@@ -281,6 +286,7 @@ class SearchDriver(DecodingDriver):
     keep_k: int
     max_iterations: int
     propose_mode: str
+    max_rollouts: int | None = None  # presets without the option search to their static bound
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.last_trace: SearchTrace | None = None
@@ -293,12 +299,14 @@ class SearchDriver(DecodingDriver):
         return frozenset({Capability.SAMPLED_ROLLOUTS})
 
     def max_rollouts_per_query(self) -> int:
-        """`num_candidates * (1 + (max_iterations - 1) * keep_k)` continuations per prompt, at most."""
-        return self.num_candidates * (1 + (self.max_iterations - 1) * self.keep_k)
+        """`num_candidates * (1 + (max_iterations - 1) * keep_k)` continuations per prompt, at most (or
+        `max_rollouts` when that is lower)."""
+        bound = self.num_candidates * (1 + (self.max_iterations - 1) * self.keep_k)
+        return bound if self.max_rollouts is None else min(bound, self.max_rollouts)
 
     def search_settings(self, budget: int) -> dict[str, Any]:
         """The settings passed to the scorer (under the row's `reward_params`)."""
-        return {
+        settings = {
             "propose_mode": self.propose_mode,
             "segment_len": self.segment_len,
             "num_candidates": self.num_candidates,
@@ -306,6 +314,9 @@ class SearchDriver(DecodingDriver):
             "max_iterations": self.max_iterations,
             "max_new_tokens": budget,
         }
+        if self.max_rollouts is not None:
+            settings["max_rollouts"] = self.max_rollouts
+        return settings
 
     # ------------------------------------------------------------------ decode
     def decode(
@@ -346,6 +357,10 @@ class SearchDriver(DecodingDriver):
         seen: list[Candidate] = []
         iteration = 0
         while prefixes and iteration < self.max_iterations:
+            if self.max_rollouts is not None:  # extend the best beams the rollout cap leaves room for
+                prefixes = prefixes[: (self.max_rollouts - len(seen)) // self.num_candidates]
+                if not prefixes:
+                    break
             iteration += 1
             candidates: list[Candidate] = []
             for length, group in _by_length(prefixes).items():
@@ -401,16 +416,27 @@ def validate_search(owner: str, **fields: tuple[str, int | None]) -> None:
     for generic in ("num_candidates", "keep_k", "max_iterations"):
         name, value = fields[generic]
         if value < 1:
-            raise ValueError(f"{owner}.{name} must be a positive integer; got {value}.")
+            raise ValueError(f"{owner}.{name} must be a positive integer; got {value}. Fix: {name} >= 1.")
     name, value = fields["segment_len"]
     if value is not None and value < 1:
         raise ValueError(
-            f"{owner}.{name} must be a positive number of tokens (or None for the whole budget); got {value}."
+            f"{owner}.{name} must be a positive number of tokens (or None for the whole budget); got {value}. "
+            f"Fix: {name} >= 1, or None."
         )
     (k_name, keep_k), (n_name, n) = fields["keep_k"], fields["num_candidates"]
     if keep_k > n:
         raise ValueError(
-            f"{owner}.{k_name}={keep_k} must be <= {n_name}={n}: only {n} candidates are proposed per beam."
+            f"{owner}.{k_name}={keep_k} must be <= {n_name}={n}: only {n} candidates are proposed per beam. "
+            f"Fix: lower {k_name} or raise {n_name}."
+        )
+
+
+def validate_max_rollouts(owner: str, name: str, value: int | None, num_candidates: int) -> None:
+    """A rollout cap must leave room for the first iteration's `num_candidates` proposals."""
+    if value is not None and value < num_candidates:
+        raise ValueError(
+            f"{owner}.{name}={value} is below the {num_candidates} proposals of the first round. "
+            f"Fix: {name} >= {num_candidates}, or None (the static bound)."
         )
 
 
