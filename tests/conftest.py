@@ -1,4 +1,5 @@
-"""Shared fixtures: offline environment, the tiny model, steered pipelines, and a GPU marker."""
+"""Shared fixtures: offline environment, the tiny model, steered pipelines, the tiny model served on loopback, and
+a GPU marker."""
 
 from __future__ import annotations
 
@@ -82,4 +83,52 @@ def make_pipeline():
 
     yield factory
     for pipeline in built:
+        pipeline.release()
+
+
+@pytest.fixture(scope="module")
+def tiny_server():
+    """The tiny chat model on the Hugging Face backend, served as `tiny` on 127.0.0.1 by a
+    `LoopbackCompletionsServer` for the whole test module; `tiny_server.pipeline` is the pipeline it generates with.
+    Tests that share it take `loopback` (reset around each test) unless they reset it themselves."""
+    from steer_hydra.core import SteeringPipeline
+    from steer_hydra.models import build_tiny_model
+    from steer_hydra.testing.loopback_server import LoopbackCompletionsServer
+
+    model, tokenizer = build_tiny_model()
+    reference = SteeringPipeline(model=model, tokenizer=tokenizer).steer()
+    with LoopbackCompletionsServer(reference, model_name="tiny") as server:
+        yield server
+    reference.release()
+
+
+@pytest.fixture
+def loopback(tiny_server):
+    """The module's loopback server with no recorded requests, faults or freeze; the test must leave it idle (a
+    request a client gave up on finishes within 10 s) and it is reset again after."""
+    tiny_server.reset()
+    yield tiny_server
+    tiny_server.thaw()  # a frozen request is let go (unanswered) so the server can go idle
+    assert tiny_server.wait_idle(), "a loopback request is still being served"
+    tiny_server.reset()
+
+
+@pytest.fixture
+def serve_client(loopback):
+    """`serve_client(controls=(), *, steer=True, **options)`: a pipeline with the tiny tokenizer on
+    backend=vllm_serve pointed at the loopback server (`retry_backoff=0` unless given), released after the test."""
+    from steer_hydra.core import BackendSpec, SteeringPipeline
+    from steer_hydra.models import build_tiny_model
+
+    made = []
+
+    def factory(controls=(), *, steer: bool = True, **options):
+        _, tokenizer = build_tiny_model()
+        spec = BackendSpec("vllm_serve", {"base_url": loopback.base_url, "retry_backoff": 0.0, **options})
+        pipeline = SteeringPipeline(tokenizer=tokenizer, controls=list(controls), backend=spec)
+        made.append(pipeline)
+        return pipeline.steer() if steer else pipeline
+
+    yield factory
+    for pipeline in made:
         pipeline.release()

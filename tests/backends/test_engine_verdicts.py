@@ -10,12 +10,11 @@ import torch
 
 from steer_hydra.controls.input import FewShot, SystemPrompt
 from steer_hydra.controls.output import StoppingRules
-from steer_hydra.core import BackendSpec, SteeringPipeline, UnsupportedPipelineError
+from steer_hydra.core import SteeringPipeline, UnsupportedPipelineError
 from steer_hydra.core.backend import backend_class
 from steer_hydra.core.capabilities import Capability
 from steer_hydra.core.controls import DecodingDriver, StateControl
-from steer_hydra.models import TINY_REF, build_tiny_model
-from steer_hydra.testing.loopback_server import LoopbackCompletionsServer
+from steer_hydra.models import TINY_REF
 
 ENGINES = ["vllm", "vllm_serve"]
 ENGINE_IDS = ["offline-engine", "server"]  # not "vllm": conftest skips tests carrying that keyword without a GPU
@@ -104,18 +103,13 @@ def test_check_takes_a_backend_override_without_loading_anything():
     assert pipeline.model is None and not pipeline.is_steered
 
 
-def test_refusal_happens_before_any_work_on_the_server():
-    model, tokenizer = build_tiny_model()
-    reference = SteeringPipeline(model=model, tokenizer=tokenizer).steer()
-    with LoopbackCompletionsServer(reference) as server:
-        spec = BackendSpec("vllm_serve", {"base_url": server.base_url})
-        pipeline = SteeringPipeline(tokenizer=tokenizer, controls=[AttentionSteering()], backend=spec)
-        with pytest.raises(UnsupportedPipelineError, match=r"AttentionSteering.*backend=huggingface") as caught:
-            pipeline.steer()
-        assert server.requests == []  # not even /v1/models
+def test_refusal_happens_before_any_work_on_the_server(serve_client, loopback):
+    pipeline = serve_client([AttentionSteering()], steer=False)
+    with pytest.raises(UnsupportedPipelineError, match=r"AttentionSteering.*backend=huggingface") as caught:
+        pipeline.steer()
+    assert loopback.requests == []  # not even /v1/models
     assert caught.value.report.backend == "vllm_serve"
     assert not pipeline.is_steered
-    reference.release()
 
 
 def test_refusal_on_vllm_comes_before_the_missing_extra(monkeypatch):

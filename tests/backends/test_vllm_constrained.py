@@ -16,9 +16,7 @@ import pytest
 from vllm_real import CHATS, ENGINE_OPTIONS, TINY64, steered, vllm_server
 
 from steer_hydra.controls.output import ConstrainedDecoding
-from steer_hydra.core import BackendSpec, SteeringPipeline
-from steer_hydra.models import build_tiny_model
-from steer_hydra.testing.loopback_server import LoopbackCompletionsServer
+from steer_hydra.core import BackendSpec
 
 REGEX = r"(cat|dog)-[0-9]{1,3}"
 CHOICES = ["yes", "no", "maybe so"]
@@ -94,14 +92,11 @@ def test_per_row_constraints_share_one_call_and_a_free_row_decodes_freely(engine
     assert all(_texts(engine, {kind: VALUES[kind]}, [CHATS[k]])[0] == texts[k] for k, kind in enumerate(kinds))
 
 
-def test_served_requests_carry_each_rows_structured_outputs():
-    model, tokenizer = build_tiny_model()
-    with LoopbackCompletionsServer(SteeringPipeline(model=model, tokenizer=tokenizer).steer()) as server:
-        spec = BackendSpec("vllm_serve", {"base_url": server.base_url})
-        with SteeringPipeline(tokenizer=tokenizer, controls=[ConstrainedDecoding()], backend=spec).steer() as client:
-            kwargs = {"constrain_choices": [CHOICES, None, None], "constrain_json_schema": [None, SCHEMA, None]}
-            client.generate(text=["a b", "c d e f", "g"], runtime_kwargs=kwargs, max_new_tokens=4)
-            bodies = sorted((r.body for r in server.completion_requests()), key=lambda b: len(b["prompt"]))
+def test_served_requests_carry_each_rows_structured_outputs(serve_client, loopback):
+    client = serve_client([ConstrainedDecoding()])
+    kwargs = {"constrain_choices": [CHOICES, None, None], "constrain_json_schema": [None, SCHEMA, None]}
+    client.generate(text=["a b", "c d e f", "g"], runtime_kwargs=kwargs, max_new_tokens=4)
+    bodies = sorted((r.body for r in loopback.completion_requests()), key=lambda b: len(b["prompt"]))
     assert [b.get("structured_outputs") for b in bodies] == [None, {"choice": CHOICES}, {"json": SCHEMA}]
 
 

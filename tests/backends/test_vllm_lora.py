@@ -11,7 +11,6 @@ from steer_hydra.backends.vllm.serve import VLLMServeBackend
 from steer_hydra.controls.structural import LoRAAdapter
 from steer_hydra.core import BackendSpec, SteeringPipeline
 from steer_hydra.models import TinySpec, build_tiny_model
-from steer_hydra.testing.loopback_server import LoopbackCompletionsServer
 
 pytestmark = [
     pytest.mark.timeout(900),
@@ -35,15 +34,6 @@ def save_adapter(folder, spec: TinySpec = TinySpec(), seed: int = 0) -> str:
 
 
 # ---------------------------------------------------------------------- vllm_serve (loopback server)
-@pytest.fixture(scope="module")
-def loopback():
-    model, tokenizer = build_tiny_model()
-    reference = SteeringPipeline(model=model, tokenizer=tokenizer).steer()
-    with LoopbackCompletionsServer(reference, model_name="tiny") as server:
-        yield server
-    reference.release()
-
-
 def _serve(server, adapter: str, **kwargs) -> SteeringPipeline:
     _, tokenizer = build_tiny_model()
     return SteeringPipeline(

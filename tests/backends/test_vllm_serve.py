@@ -24,7 +24,6 @@ from steer_hydra.core.capabilities import Capability
 from steer_hydra.core.controls import DecodingDriver, DriverResult, OutputControl
 from steer_hydra.core.identity import canonical_json, derive_item_seed
 from steer_hydra.models import build_tiny_model
-from steer_hydra.testing.loopback_server import LoopbackCompletionsServer
 
 CHATS = [
     [{"role": "user", "content": "What is the capital of France?"}],
@@ -32,61 +31,22 @@ CHATS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def served():
-    """The tiny chat model on the Hugging Face backend, served on 127.0.0.1 for the whole module."""
-    model, tokenizer = build_tiny_model()
-    reference = SteeringPipeline(model=model, tokenizer=tokenizer).steer()
-    with LoopbackCompletionsServer(reference, model_name="tiny") as server:
-        yield reference, server
-    reference.release()
-
-
-@pytest.fixture
-def server(served) -> LoopbackCompletionsServer:
-    server = served[1]
-    server.reset()
-    yield server
-    assert server.wait_idle(), "a loopback request is still being served"
-    server.reset()
-
-
-@pytest.fixture
-def reference(served) -> SteeringPipeline:
-    return served[0]
-
-
-@pytest.fixture
-def client(server):
-    """`client(controls, steer=True, **options)`: a pipeline on backend=vllm_serve pointed at the loopback server."""
-    made: list[SteeringPipeline] = []
-
-    def factory(controls=(), *, steer: bool = True, **options: Any) -> SteeringPipeline:
-        _, tokenizer = build_tiny_model()
-        spec = BackendSpec("vllm_serve", {"base_url": server.base_url, "retry_backoff": 0.0, **options})
-        pipeline = SteeringPipeline(tokenizer=tokenizer, controls=list(controls), backend=spec)
-        made.append(pipeline)
-        return pipeline.steer() if steer else pipeline
-
-    yield factory
-    for pipeline in made:
-        pipeline.release()
-
-
 def _chat_ids(tokenizer, chat) -> list[int]:
     return list(tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_dict=True)["input_ids"])
 
 
 # ---------------------------------------------------------------------- generation
-def test_greedy_ragged_batch_matches_hugging_face_and_posts_only_real_tokens(client, server, reference):
-    pipeline = client()
+def test_greedy_ragged_batch_matches_hugging_face_and_posts_only_real_tokens(serve_client, loopback):
+    pipeline = serve_client()
     served_outputs = pipeline.generate(messages=CHATS, max_new_tokens=10, return_output=True)
-    local_outputs = reference.generate(messages=CHATS, max_new_tokens=10, return_output=True)
+    local_outputs = loopback.pipeline.generate(messages=CHATS, max_new_tokens=10, return_output=True)
     assert [o.output_ids.tolist() for o in served_outputs] == [o.output_ids.tolist() for o in local_outputs]
     assert [o.finish_reasons for o in served_outputs] == [o.finish_reasons for o in local_outputs]
-    assert pipeline.generate(messages=CHATS, max_new_tokens=10) == reference.generate(messages=CHATS, max_new_tokens=10)
+    assert pipeline.generate(messages=CHATS, max_new_tokens=10) == loopback.pipeline.generate(
+        messages=CHATS, max_new_tokens=10
+    )
 
-    bodies = [r.body for r in server.completion_requests()[:2]]
+    bodies = [r.body for r in loopback.completion_requests()[:2]]
     assert sorted(b["prompt"] for b in bodies) == sorted(_chat_ids(pipeline.tokenizer, c) for c in CHATS)
     for body in bodies:
         assert body["model"] == "tiny"  # discovered from /v1/models
@@ -95,8 +55,8 @@ def test_greedy_ragged_batch_matches_hugging_face_and_posts_only_real_tokens(cli
         assert "seed" not in body
 
 
-def test_sampled_candidates_are_grouped_by_prompt_seeded_per_row_and_seed_scope_is_inert(client, server):
-    pipeline = client()
+def test_sampled_candidates_are_grouped_by_prompt_seeded_per_row_and_seed_scope_is_inert(serve_client, loopback):
+    pipeline = serve_client()
     kwargs = {"max_new_tokens": 6, "do_sample": True, "n": 3, "seed": 5, "return_output": True}
     first = pipeline.generate(messages=CHATS, **kwargs)
     assert len(first) == 6
@@ -106,7 +66,7 @@ def test_sampled_candidates_are_grouped_by_prompt_seeded_per_row_and_seed_scope_
     rows = [o.output_ids[0].tolist() for o in first]
     assert len({tuple(r) for r in rows[:3]}) > 1, "the 3 candidates of one prompt should differ"
 
-    bodies = server.completion_requests()
+    bodies = loopback.completion_requests()
     assert sorted(b.body["seed"] for b in bodies) == sorted(derive_item_seed(5, "generate", i) for i in range(2))
     assert all(b.body["n"] == 3 and b.body["temperature"] == 1.0 for b in bodies)
 
@@ -129,14 +89,14 @@ def _ascii_stop_text(reference: SteeringPipeline) -> str:
     pytest.fail(f"no ASCII word in the tiny model's greedy continuation {ids}")
 
 
-def test_system_prompt_and_stopping_rules_run_on_the_server_like_on_hugging_face(client, server, make_pipeline):
+def test_system_prompt_and_stopping_rules_run_on_the_server_like_on_hugging_face(serve_client, loopback, make_pipeline):
     local = make_pipeline([SystemPrompt(text="Answer briefly.")])
     stop = _ascii_stop_text(local)
 
     def controls():
         return [SystemPrompt(text="Answer briefly."), StoppingRules(stop_texts=[stop], budget=12)]
 
-    pipeline = client(controls())
+    pipeline = serve_client(controls())
     local = make_pipeline(controls())
     served_outputs = pipeline.generate(messages=CHATS, return_output=True)
     local_outputs = local.generate(messages=CHATS, return_output=True)
@@ -147,17 +107,17 @@ def test_system_prompt_and_stopping_rules_run_on_the_server_like_on_hugging_face
     assert texts == local.generate(messages=CHATS)
     assert stop not in texts[0]  # decoded text is cut at the stop string
 
-    body = server.completion_requests()[0].body
+    body = loopback.completion_requests()[0].body
     assert body["stop"] == [stop] and body["max_tokens"] == 12
     system = pipeline.tokenizer.encode("Answer briefly.", add_special_tokens=False)
     assert any(body["prompt"][i : i + len(system)] == system for i in range(len(body["prompt"])))
 
 
-def test_unmapped_generation_kwarg_is_refused_before_any_request(client, server):
-    pipeline = client()
+def test_unmapped_generation_kwarg_is_refused_before_any_request(serve_client, loopback):
+    pipeline = serve_client()
     with pytest.raises(ValueError, match=r"no_repeat_ngram_size.*backend 'vllm_serve'.*huggingface"):
         pipeline.generate(text="Hello there", max_new_tokens=4, no_repeat_ngram_size=2)
-    assert server.completion_requests() == []
+    assert loopback.completion_requests() == []
 
 
 class _LiveProcessorControl(OutputControl):
@@ -175,11 +135,11 @@ class _Identity:
         return scores
 
 
-def test_live_logits_processors_are_refused_at_submission(client, server):
-    pipeline = client([_LiveProcessorControl()])
+def test_live_logits_processors_are_refused_at_submission(serve_client, loopback):
+    pipeline = serve_client([_LiveProcessorControl()])
     with pytest.raises(ValueError, match=r"live logits processors.*_Identity.*backend=huggingface"):
         pipeline.generate(text="Hello there", max_new_tokens=4)
-    assert server.completion_requests() == []
+    assert loopback.completion_requests() == []
 
 
 # ---------------------------------------------------------------------- drivers
@@ -205,16 +165,16 @@ class _LongestOfN(DecodingDriver):
         return DriverResult(sequences[int(torch.argmax(lengths)) : int(torch.argmax(lengths)) + 1])
 
 
-def test_sampled_best_of_n_rolls_out_on_the_server_seeded_and_reproducible(client, server):
+def test_sampled_best_of_n_rolls_out_on_the_server_seeded_and_reproducible(serve_client, loopback):
     driver = _LongestOfN(n=3)
-    pipeline = client([driver])
+    pipeline = serve_client([driver])
     first = pipeline.generate(messages=CHATS[0], max_new_tokens=8, do_sample=True, seed=3, return_output=True)
     proposals = driver.proposals[-1]
     prompt = first.adapted_input_ids
     assert proposals.shape[0] == 3 and torch.equal(proposals[:, : prompt.shape[1]], prompt.repeat(3, 1))
     new = proposals[:, prompt.shape[1] :]
     assert first.generated_tokens == int((new != pipeline.tokenizer.pad_token_id).sum())
-    body = server.completion_requests()[-1].body
+    body = loopback.completion_requests()[-1].body
     assert body["n"] == 3 and body["temperature"] == 1.0
     assert body["seed"] == derive_item_seed(derive_item_seed(3, "generate", 0), "rollout-0", 0)
 
@@ -223,75 +183,75 @@ def test_sampled_best_of_n_rolls_out_on_the_server_seeded_and_reproducible(clien
     assert torch.equal(driver.proposals[-1], proposals)
 
 
-def test_beam_rollouts_are_refused_naming_deal_and_the_fix(client, server):
-    pipeline = client([_LongestOfN(n=2, num_beams=2)])
+def test_beam_rollouts_are_refused_naming_deal_and_the_fix(serve_client, loopback):
+    pipeline = serve_client([_LongestOfN(n=2, num_beams=2)])
     with pytest.raises(ValueError, match=r"num_beams=2.*DeAL.*backend=huggingface"):
         pipeline.generate(messages=CHATS[0], max_new_tokens=4)
-    assert server.completion_requests() == []
+    assert loopback.completion_requests() == []
 
 
-def test_best_of_n_control_runs_on_the_server(client, server):
+def test_best_of_n_control_runs_on_the_server(serve_client, loopback):
     best_of_n = pytest.importorskip("steer_hydra.controls.output.best_of_n")
 
     def scorer(prompt, continuations, params):
         return [float(len(c)) for c in continuations]
 
-    pipeline = client([best_of_n.BestOfN(n=3, scorer=scorer)])
+    pipeline = serve_client([best_of_n.BestOfN(n=3, scorer=scorer)])
     assert pipeline.check().ok
     output = pipeline.generate(messages=CHATS[0], max_new_tokens=6, do_sample=True, seed=1, return_output=True)
     assert output.output_ids.shape[0] == 1
-    assert server.completion_requests()[-1].body["n"] == 3
+    assert loopback.completion_requests()[-1].body["n"] == 3
 
 
 # ---------------------------------------------------------------------- transport and server errors
-def test_dropped_connection_is_retried_once_and_succeeds(client, server):
-    pipeline = client()
+def test_dropped_connection_is_retried_once_and_succeeds(serve_client, loopback):
+    pipeline = serve_client()
     expected = pipeline.generate(messages=CHATS[0], max_new_tokens=5)
-    server.reset()
-    server.drop_next(1)
+    loopback.reset()
+    loopback.drop_next(1)
     assert pipeline.generate(messages=CHATS[0], max_new_tokens=5) == expected
     assert pipeline._backend.retries == 1
-    first, second = server.completion_requests()
+    first, second = loopback.completion_requests()
     assert first.body == second.body
 
 
-def test_timeout_is_a_transport_error_and_is_retried(client, server):
-    pipeline = client(request_timeout=0.5)
-    server.stall_next(1.5)
+def test_timeout_is_a_transport_error_and_is_retried(serve_client, loopback):
+    pipeline = serve_client(request_timeout=0.5)
+    loopback.stall_next(1.5)
     assert isinstance(pipeline.generate(messages=CHATS[0], max_new_tokens=3), str)
     assert pipeline._backend.retries == 1
 
 
-def test_retries_give_up_after_max_retries_naming_the_url(client, server):
-    pipeline = client(max_retries=2)
-    server.drop_next(3)
+def test_retries_give_up_after_max_retries_naming_the_url(serve_client, loopback):
+    pipeline = serve_client(max_retries=2)
+    loopback.drop_next(3)
     with pytest.raises(ServerUnavailableError, match=r"/v1/completions failed in transport 3 time\(s\)"):
         pipeline.generate(messages=CHATS[0], max_new_tokens=3)
     assert pipeline._backend.retries == 2
-    assert len(server.completion_requests()) == 3
+    assert len(loopback.completion_requests()) == 3
 
 
 @pytest.mark.parametrize("status", [400, 500])
-def test_http_errors_surface_with_the_servers_message_and_are_not_retried(client, server, status):
-    pipeline = client()
-    server.fail_next(status, "max_tokens exceeds the context window of 2048 tokens")
+def test_http_errors_surface_with_the_servers_message_and_are_not_retried(serve_client, loopback, status):
+    pipeline = serve_client()
+    loopback.fail_next(status, "max_tokens exceeds the context window of 2048 tokens")
     with pytest.raises(ServerError, match=f"HTTP {status}: max_tokens exceeds the context window") as caught:
         pipeline.generate(messages=CHATS[0], max_new_tokens=3)
     assert caught.value.status == status
     assert pipeline._backend.retries == 0
-    assert len(server.completion_requests()) == 1
+    assert len(loopback.completion_requests()) == 1
 
 
-def test_a_real_server_failure_surfaces_its_message(client, server):
-    pipeline = client()
+def test_a_real_server_failure_surfaces_its_message(serve_client, loopback):
+    pipeline = serve_client()
     with pytest.raises(ServerError, match=r"HTTP 500: IndexError: index out of range") as caught:
         pipeline.generate(input_ids=[[1, 5000, 7]], max_new_tokens=3)  # token id outside the tiny vocab
     assert caught.value.status == 500
     assert pipeline._backend.retries == 0
 
 
-def test_refill_is_refused_as_a_capability_the_backend_does_not_declare(client):
-    pipeline = client()
+def test_refill_is_refused_as_a_capability_the_backend_does_not_declare(serve_client):
+    pipeline = serve_client()
     assert pipeline.refill_blockers() == ["backend 'vllm_serve' has no refill engine"]
     with pytest.raises(ValueError, match=r"cannot refill: backend 'vllm_serve' has no refill engine"):
         pipeline.open_refill(2)
@@ -308,49 +268,49 @@ def test_unreachable_server_fails_at_steer_naming_base_url():
     assert not pipeline.is_steered
 
 
-def test_concurrency_is_bounded_by_max_concurrency(client, server):
-    pipeline = client(max_concurrency=2)
-    server.stall_next(0.3, count=6)
+def test_concurrency_is_bounded_by_max_concurrency(serve_client, loopback):
+    pipeline = serve_client(max_concurrency=2)
+    loopback.stall_next(0.3, count=6)
     ids = torch.tensor([[1, 5 + i, 7, 9] for i in range(6)])
     out = pipeline.generate(input_ids=ids, max_new_tokens=2)
     assert out.shape[0] == 6
-    assert len(server.completion_requests()) == 6
-    assert server.max_in_flight == 2
+    assert len(loopback.completion_requests()) == 6
+    assert loopback.max_in_flight == 2
 
 
 # ---------------------------------------------------------------------- auth and options
-def test_api_key_comes_from_the_env_var_as_bearer_and_stays_out_of_the_config(client, server, monkeypatch):
+def test_api_key_comes_from_the_env_var_as_bearer_and_stays_out_of_the_config(serve_client, loopback, monkeypatch):
     secret = "sk-loopback-0123456789"
     monkeypatch.setenv("STEER_TEST_KEY", secret)
-    server.api_key = secret
+    loopback.api_key = secret
     try:
-        pipeline = client(api_key_env="STEER_TEST_KEY")
+        pipeline = serve_client(api_key_env="STEER_TEST_KEY")
         assert isinstance(pipeline.generate(messages=CHATS[0], max_new_tokens=3), str)
     finally:
-        server.api_key = None
-    assert {r.headers.get("Authorization") for r in server.requests} == {f"Bearer {secret}"}
-    assert [r.path for r in server.requests] == ["/v1/models", "/v1/completions"]
+        loopback.api_key = None
+    assert {r.headers.get("Authorization") for r in loopback.requests} == {f"Bearer {secret}"}
+    assert [r.path for r in loopback.requests] == ["/v1/models", "/v1/completions"]
     assert secret not in repr(pipeline.backend.options)
     assert secret not in pipeline.backend.digest()
     assert secret not in canonical_json(pipeline.backend)
 
 
-def test_missing_api_key_surfaces_the_servers_401(client, server, monkeypatch):
+def test_missing_api_key_surfaces_the_servers_401(serve_client, loopback, monkeypatch):
     monkeypatch.delenv("VLLM_API_KEY", raising=False)
-    server.api_key = "sk-needed"
+    loopback.api_key = "sk-needed"
     try:
         with pytest.raises(ServerError, match="HTTP 401: Invalid or missing API key"):
-            client()
+            serve_client()
     finally:
-        server.api_key = None
-    assert "Authorization" not in server.requests[0].headers
+        loopback.api_key = None
+    assert "Authorization" not in loopback.requests[0].headers
 
 
-def test_explicit_served_model_name_is_sent_without_asking_the_server(client, server):
-    pipeline = client(model="my-served-name")
+def test_explicit_served_model_name_is_sent_without_asking_the_server(serve_client, loopback):
+    pipeline = serve_client(model="my-served-name")
     pipeline.generate(messages=CHATS[0], max_new_tokens=2)
-    assert [r.path for r in server.requests] == ["/v1/completions"]
-    assert server.requests[0].body["model"] == "my-served-name"
+    assert [r.path for r in loopback.requests] == ["/v1/completions"]
+    assert loopback.requests[0].body["model"] == "my-served-name"
 
 
 @pytest.mark.parametrize(
@@ -395,16 +355,16 @@ def test_completion_body_is_the_token_prompt_plus_sampling_fields():
 
 
 # ---------------------------------------------------------------------- token ids without return_token_ids
-def test_servers_without_token_ids_are_re_tokenized_with_one_warning(client, server, reference, caplog):
-    server.return_token_ids = False
+def test_servers_without_token_ids_are_re_tokenized_with_one_warning(serve_client, loopback, caplog):
+    loopback.return_token_ids = False
     try:
-        pipeline = client()
+        pipeline = serve_client()
         with caplog.at_level(logging.WARNING, logger="steer_hydra.backends.vllm.serve"):
             texts = pipeline.generate(messages=CHATS, max_new_tokens=10)
             pipeline.generate(messages=CHATS, max_new_tokens=10)
     finally:
-        server.return_token_ids = True
-    assert texts == reference.generate(messages=CHATS, max_new_tokens=10)
+        loopback.return_token_ids = True
+    assert texts == loopback.pipeline.generate(messages=CHATS, max_new_tokens=10)
     assert sum("re-tokenizing" in r.getMessage() for r in caplog.records) == 1
 
 

@@ -10,41 +10,13 @@ from inspect_ai import eval as inspect_eval
 from inspect_ai.dataset import MemoryDataset, Sample
 from inspect_ai.scorer import includes
 
-from steer_hydra.core import BackendSpec, SteeringPipeline
 from steer_hydra.core.capabilities import Capability
 from steer_hydra.core.controls import DecodingDriver, DriverResult
 from steer_hydra.evaluation import ProviderOptions, as_inspect_model
 from steer_hydra.evaluation.batching import BatchRequest, request_digest, request_seed
 from steer_hydra.evaluation.stream_serving import StreamCollator
-from steer_hydra.models import build_tiny_model
-from steer_hydra.testing.loopback_server import LoopbackCompletionsServer
 
 WORDS = ["paris", "london", "rome", "berlin", "madrid", "tokyo", "oslo", "lima"]
-
-
-@pytest.fixture(scope="module")
-def server():
-    model, tokenizer = build_tiny_model()
-    reference = SteeringPipeline(model=model, tokenizer=tokenizer).steer()
-    with LoopbackCompletionsServer(reference, model_name="tiny") as served:
-        yield served
-    reference.release()
-
-
-@pytest.fixture
-def serve_pipeline(server):
-    made: list[SteeringPipeline] = []
-
-    def factory(controls=(), **options):
-        server.reset()
-        _, tokenizer = build_tiny_model()
-        spec = BackendSpec("vllm_serve", {"base_url": server.base_url, "retry_backoff": 0.0, **options})
-        made.append(SteeringPipeline(tokenizer=tokenizer, controls=list(controls), backend=spec).steer())
-        return made[-1]
-
-    yield factory
-    for pipeline in made:
-        pipeline.release()
 
 
 class _First(DecodingDriver):
@@ -77,33 +49,34 @@ def run(pipeline, *, batching, samples=None, epochs=1, **generate):
     return log.samples
 
 
-def test_auto_streams_where_the_backend_batches_concurrent_calls_and_no_driver_runs(serve_pipeline, make_pipeline):
+def test_auto_streams_where_the_backend_batches_concurrent_calls_and_no_driver_runs(serve_client, make_pipeline):
     auto = ProviderOptions()
-    assert auto.batching_in_force(serve_pipeline()) == "stream"
+    assert auto.batching_in_force(serve_client()) == "stream"
     assert auto.batching_in_force(make_pipeline()) == "refill"  # Hugging Face: no stream
-    driven = serve_pipeline([_First()])
+    driven = serve_client([_First()])
     assert driven.stream_blockers() == ["a decoding driver owns the decode loop"]
     assert auto.batching_in_force(driven) == "static"
     with pytest.raises(ValueError, match=r"batching='stream' but this pipeline cannot stream: backend 'huggingface'"):
         ProviderOptions(batching="stream").batching_in_force(make_pipeline())
 
 
-def test_a_slow_request_does_not_hold_the_other_slots_when_streaming(serve_pipeline, server):
+def test_a_slow_request_does_not_hold_the_other_slots_when_streaming(serve_client, loopback):
     spans = {}
     for batching in ("static", "stream"):
-        pipeline = serve_pipeline(max_concurrency=2)
-        server.stall_next(1.5)  # the first request served waits 1.5 s
+        loopback.reset()  # this round's spans only
+        pipeline = serve_client(max_concurrency=2)
+        loopback.stall_next(1.5)  # the first request served waits 1.5 s
         run(pipeline, batching=batching, temperature=0, max_tokens=4)
-        slow = max(server.spans, key=lambda span: span[1] - span[0])
-        spans[batching] = [s for s in server.spans if slow[0] < s[0] < slow[1]]  # started while the slow one ran
+        slow = max(loopback.spans, key=lambda span: span[1] - span[0])
+        spans[batching] = [s for s in loopback.spans if slow[0] < s[0] < slow[1]]  # started while the slow one ran
     # static batches of two: the slow request's batch-mate runs, the next batch waits for the slow one
     assert len(spans["static"]) <= 1
     # streaming: the other slot serves the other seven requests while the slow one runs
     assert len(spans["stream"]) == len(WORDS) - 1
 
 
-def test_streamed_greedy_completions_n_and_stop_strings_equal_the_static_paths(serve_pipeline):
-    pipeline = serve_pipeline()
+def test_streamed_greedy_completions_n_and_stop_strings_equal_the_static_paths(serve_client):
+    pipeline = serve_client()
     static = {s.id: s for s in run(pipeline, batching="static", temperature=0, max_tokens=12, num_choices=2)}
     streamed = {s.id: s for s in run(pipeline, batching="stream", temperature=0, max_tokens=12, num_choices=2)}
     assert {k: [c.message.text for c in s.output.choices] for k, s in streamed.items()} == {
@@ -118,7 +91,7 @@ def test_streamed_greedy_completions_n_and_stop_strings_equal_the_static_paths(s
     assert streamed["paris"].output.stop_reason == static["paris"].output.stop_reason == "stop"
 
 
-def test_a_streamed_requests_seed_depends_on_its_content_and_occurrence_only(serve_pipeline):
+def test_a_streamed_requests_seed_depends_on_its_content_and_occurrence_only(serve_client):
     def record(word, **gen):
         return BatchRequest([{"role": "user", "content": word}], {"seed": 7, **gen}, {}, 1, "key")
 
@@ -130,7 +103,7 @@ def test_a_streamed_requests_seed_depends_on_its_content_and_occurrence_only(ser
     seeds |= {seed(8, record("a"), 0), seed(7, record("a", temperature=0.5), 0)}
     assert len(seeds) == 5
 
-    pipeline = serve_pipeline()
+    pipeline = serve_client()
     samples = [Sample(input=f"tell me about {w}", target=w, id=w) for w in WORDS[:4]]
 
     def drawn():
@@ -145,8 +118,8 @@ def test_a_streamed_requests_seed_depends_on_its_content_and_occurrence_only(ser
     assert sum(a != b for a, b in first.values()) >= 3  # the epochs of one sample draw differently
 
 
-def test_the_collator_runs_each_request_alone_and_fails_only_its_own(serve_pipeline):
-    pipeline = serve_pipeline()
+def test_the_collator_runs_each_request_alone_and_fails_only_its_own(serve_client):
+    pipeline = serve_client()
     collator = StreamCollator(
         pipeline, concurrency=4, batch_ceiling=2, prompt_path="messages", declared_scopes={}, static_runtime_kwargs={}
     )
