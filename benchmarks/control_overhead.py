@@ -13,7 +13,10 @@ machine the fastest run is the steadier figure). ActAdd does not batch, so its r
 for the same prompts (`--batch` calls of batch 1), with its batch-1 ratio alongside.
 
 DirectionalAblation projects a given random unit direction out at every layer (its three hooks per layer are the
-cost; a fitted direction costs the same per call). LoRAAdapter serves a random rank-8 adapter on every attention
+cost; a fitted direction costs the same per call). ITI shifts two heads of every layer (a pre-hook on each output
+projection); CAST reads its condition on the prefill and adds CAA's vector to every row (threshold 0: the gate is
+always open, so the row pays both); AngularSteering rotates the middle layer's output; ActivationAdapter runs CAA's
+form (the generic edit hooks against CAA's own row). LoRAAdapter serves a random rank-8 adapter on every attention
 and MLP projection, built here for `--model` (merged into the weights, and as live LoRA layers).
 ConstrainedDecoding holds every row to a regex of lowercase words (a grammar mask per row and step).
 ContrastiveDecoding runs its amateur beside the model at every step, RewardGuidedDecoding its reward model on the
@@ -37,7 +40,16 @@ from collections.abc import Callable
 import torch
 
 from steer_hydra.controls.output import ConstrainedDecoding, ContrastiveDecoding, RewardGuidedDecoding, ThinkingBudget
-from steer_hydra.controls.state import CAA, PASTA, ActAdd, DirectionalAblation
+from steer_hydra.controls.state import (
+    CAA,
+    CAST,
+    ITI,
+    PASTA,
+    ActAdd,
+    ActivationAdapter,
+    AngularSteering,
+    DirectionalAblation,
+)
 from steer_hydra.controls.structural import LoRAAdapter
 from steer_hydra.core import ModelSource, SteeringPipeline
 from steer_hydra.core.layout import ModelLayout, resolve_layout
@@ -83,6 +95,29 @@ def _arms(
         "CAA": lambda: [CAA(steering_vector=torch.randn(hidden), layer_id=middle, multiplier=4.0)],
         "ActAdd": lambda: [ActAdd(positive_prompt="Love", negative_prompt="Hate", multiplier=4.0)],
         "DirectionalAblation (all)": lambda: [DirectionalAblation(direction_vector=torch.randn(hidden))],
+        "ITI (2 heads per layer)": lambda: [
+            ITI(
+                directions=torch.randn(layers, layout.num_heads, layout.head_dim),
+                heads=[[layer, head] for layer in range(layers) for head in range(min(2, layout.num_heads))],
+                alpha=4.0,
+                strength_unit="absolute",
+            )
+        ],
+        "CAST (gate open, CAA)": lambda: [
+            CAST(
+                steering_vector=torch.randn(hidden),
+                layer_id=middle,
+                multiplier=4.0,
+                condition_vector=torch.randn(hidden),
+                threshold=0.0,
+            )
+        ],
+        "AngularSteering (1 layer)": lambda: [
+            AngularSteering(steering_vector=torch.randn(hidden), angle=60.0, layers=[middle])
+        ],
+        "ActivationAdapter (CAA form)": lambda: [
+            ActivationAdapter(vector=torch.randn(hidden), layers=[middle], multiplier=4.0)
+        ],
         "LoRAAdapter (merged)": lambda: [LoRAAdapter(adapter=adapter)],
         "LoRAAdapter (unmerged)": lambda: [LoRAAdapter(adapter=adapter, merge=False)],
         "ConstrainedDecoding (regex)": lambda: [ConstrainedDecoding(regex=WORDS)],

@@ -208,6 +208,11 @@ class BaseControl:
             **type(self).content_digests(self.arg_values()),
         }
 
+    def canonical_form(self) -> dict[str, Any]:
+        """The identity of a control held in another control's arguments (e.g. a route of a router): its
+        descriptor."""
+        return self.descriptor()
+
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.arg_values().items())
         suffix = "" if self.enabled else ", enabled=False"
@@ -376,7 +381,8 @@ class DecodingDriver(OutputControl):
     `decode` must roll out only through `rollout(input_ids, attention_mask, **gen_kwargs) -> sequences`
     (prompt plus continuation, like `model.generate`), which applies every other control's hooks, processors
     and criteria on each forward and counts the tokens rolled out; `stop_strings=` adds the driver's own stop
-    strings (e.g. a closing tag) to the call's.
+    strings (e.g. a closing tag) to the call's, and `logits_processors=` / `stopping_criteria=` the driver's own
+    processors and criteria (after the call's).
     """
 
     def decode(
