@@ -430,15 +430,21 @@ class SteeringPipeline:
         rolled = 0
 
         def rollout(
-            input_ids: torch.Tensor, attention_mask: torch.Tensor, *, stop_strings: Sequence[str] = (), **kwargs: Any
+            input_ids: torch.Tensor,
+            attention_mask: torch.Tensor,
+            *,
+            stop_strings: Sequence[str] = (),
+            logits_processors: Sequence[Any] = (),
+            stopping_criteria: Sequence[Any] = (),
+            **kwargs: Any,
         ) -> torch.Tensor:
-            # a driver's own stop strings (e.g. a closing tag) join the call's
+            # a driver's own stop strings (e.g. a closing tag), processors and criteria join the call's
             nonlocal rolled
             sequences = backend.rollout(
                 input_ids,
                 attention_mask,
-                logits_processors=processors,
-                stopping_criteria=criteria,
+                logits_processors=[*processors, *logits_processors],
+                stopping_criteria=[*criteria, *stopping_criteria],
                 stop_strings=params.stop_strings + tuple(s for s in stop_strings if s not in params.stop_strings),
                 stop_token_ids=params.stop_token_ids,
                 **kwargs,

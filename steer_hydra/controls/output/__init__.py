@@ -12,6 +12,7 @@ from steer_hydra.controls.output.contrastive_guidance import (
 from steer_hydra.controls.output.deal import DeAL
 from steer_hydra.controls.output.phased import PhasedDecoding
 from steer_hydra.controls.output.reward_guided import RewardGuidedDecoding, RewardLogitsProcessor
+from steer_hydra.controls.output.routed import KeywordRouter, RoutedDecoding
 from steer_hydra.controls.output.sasa import SASA, SubspaceMarginValues
 from steer_hydra.controls.output.scorers import MajorityVoteScorer
 from steer_hydra.controls.output.search import (
@@ -39,12 +40,14 @@ __all__ = [
     "DeAL",
     "Frontier",
     "GrammarLogitsProcessor",
+    "KeywordRouter",
     "MajorityVoteScorer",
     "MixingLogitsProcessor",
     "PhasedDecoding",
     "ProxyTuning",
     "RewardGuidedDecoding",
     "RewardLogitsProcessor",
+    "RoutedDecoding",
     "SASA",
     "SampleSequenceScorer",
     "SearchDecoding",
