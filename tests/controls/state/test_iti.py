@@ -260,3 +260,34 @@ def test_declarations():
     assert ITI(data=PAIRS).requirements() == {Capability.IN_PROCESS_TORCH, Capability.HIDDEN_CAPTURE}
     assert ITI(directions=_directions()).requirements() == {Capability.IN_PROCESS_TORCH}
     assert ITI.RUNTIME_KWARGS_SCHEMA == [] and ITI.supports_batching and ITI.supports_refill and ITI.adds_residual
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "gemma3_text"])
+def test_grouped_query_attention_families_shift_only_the_chosen_query_heads_slices(model_type):
+    from steer_hydra.models.tiny import build_family_model
+
+    model = build_family_model(model_type, head_dim=24)  # 4 query heads x 24 = 96 wide: not the hidden size
+    layout = resolve_layout(model)
+    assert layout.num_key_value_heads < layout.num_heads and layout.num_heads * layout.head_dim != layout.hidden_size
+    directions = torch.randn(
+        layout.num_layers, layout.num_heads, layout.head_dim, generator=torch.Generator().manual_seed(0)
+    )
+    control = ITI(directions=directions, heads=[[0, 3]], alpha=2.0, strength_unit="absolute", token_scope="all")
+    control.steer(model)
+    ids = torch.tensor([[3, 5, 7, 9]])
+    hooks = control.get_hooks(ids, {})
+    seen = {}
+    o_proj = model.get_submodule(f"{layout.attention_path(0)}.o_proj")
+    o_proj.register_forward_pre_hook(lambda m, a: seen.setdefault("before", a[0].clone()))
+    with contextlib.ExitStack() as stack:
+        for spec in hooks["pre"]:
+            handle = model.get_submodule(spec["module"]).register_forward_pre_hook(spec["hook_func"], with_kwargs=True)
+            stack.callback(handle.remove)
+        o_proj.register_forward_pre_hook(lambda m, a: seen.setdefault("after", a[0].clone()))
+        with torch.no_grad():
+            model(input_ids=ids)
+    dim = layout.head_dim
+    x, y = seen["before"][0], seen["after"][0]
+    assert torch.equal(y[:, : 3 * dim], x[:, : 3 * dim])
+    assert torch.equal(y[:, 3 * dim :], x[:, 3 * dim :] + control.residual_edits()[0].rows[0, 3 * dim :])
+    assert not torch.equal(y, x)
