@@ -2,5 +2,6 @@
 
 from steer_hydra.controls.input.few_shot import FewShot
 from steer_hydra.controls.input.system_prompt import SystemPrompt
+from steer_hydra.controls.input.user_prefix import UserPrefix
 
-__all__ = ["FewShot", "SystemPrompt"]
+__all__ = ["FewShot", "SystemPrompt", "UserPrefix"]
