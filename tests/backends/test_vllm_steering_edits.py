@@ -14,10 +14,12 @@ import types
 import numpy as np
 import pytest
 import torch
+from test_vllm_offline import fake_vllm  # noqa: E402,F401 - the stand-in vLLM module (a fixture)
 
 from steer_hydra.backends.vllm.plugin import build_plan, install, parse, rotate_rows
 from steer_hydra.backends.vllm.steering import XARGS_KEY, XARGS_NONCE, bind, lower, meta_skeleton, steering_fields
 from steer_hydra.controls.state import CAST, ITI, AngularSteering
+from steer_hydra.core import BackendSpec, SteeringPipeline
 from steer_hydra.core.controls import ResidualAddition
 from steer_hydra.core.edits import condition_similarity, rotate_in_plane
 from steer_hydra.models import TINY_REF, resolve_model_reference
@@ -363,3 +365,52 @@ def test_cast_lowers_to_its_condition_and_the_gated_caa_addition(skeleton):
     assert XARGS_NONCE in fields["vllm_xargs"] and fields["vllm_xargs"]["steer_hydra_start"] == [5, 5]
     parsed = parse(fields["vllm_xargs"][XARGS_KEY])
     assert parsed[1].gate == parsed[0].gate and parsed[0].rows.shape == (1, 64)
+
+
+# ---------------------------------------------------------------------- the offline backend, with a stand-in vLLM
+FIT_PAIRS = [
+    {"prompt": "are you kind", "positive": " yes", "negative": " no"},
+    {"prompt": "is the sky blue", "positive": " true", "negative": " false"},
+    {"prompt": "do you love cats", "positive": " love", "negative": " hate"},
+    {"prompt": "is fire hot", "positive": " yes always", "negative": " never"},
+]
+CONDITION_PAIRS = [
+    {"positive": "tell me about the cat and the dog", "negative": "what is two plus three"},
+    {"positive": "a story about a bird in a tree", "negative": "count from one to ten"},
+]
+
+
+def _new_controls():
+    return [
+        ITI(data=FIT_PAIRS, top_k=3, alpha=2.0, prompt_format="text"),
+        CAST(data=FIT_PAIRS, layer_id=1, condition_data=CONDITION_PAIRS, condition_layer=0, prompt_format="text"),
+        AngularSteering(data=FIT_PAIRS, layer_id=0, angle=30.0, prompt_format="text"),
+    ]
+
+
+def test_fits_made_for_the_engine_match_in_process_fits_and_the_edits_ride_on_each_request(
+    fake_vllm,  # noqa: F811 - the stand-in vLLM of test_vllm_offline
+    monkeypatch,
+    tmp_path,
+):
+    monkeypatch.setenv("STEER_HYDRA_CACHE", str(tmp_path / "cache"))
+    served = _new_controls()
+    pipeline = SteeringPipeline(TINY_REF, controls=served, backend=BackendSpec("vllm", {"enforce_eager": True}))
+    assert pipeline.check().ok
+    pipeline.steer()  # each fit on the Hugging Face model of the checkpoint, cached, then bound on a meta skeleton
+    assert len(list((tmp_path / "cache" / "vectors").glob("*.safetensors"))) == 3
+    in_process = _new_controls()
+    SteeringPipeline(TINY_REF, controls=in_process).steer().release()
+    for engine_control, reference in zip(served, in_process, strict=True):
+        got, want = lower(engine_control), reference.residual_edits()
+        assert [(e.layer, e.site, e.mode, e.gate) for e in got] == [(e.layer, e.site, e.mode, e.gate) for e in want]
+        for a, b in zip(got, want, strict=True):  # fitted on another load of the same checkpoint: float-close
+            torch.testing.assert_close(a.rows, b.rows, atol=1e-5, rtol=1e-5)
+    pipeline.generate(input_ids=[[1, 50, 60], [1, 70, 80]], max_new_tokens=3)
+    _, (requests, sampling, _) = pipeline._backend.engine.calls  # after the probe
+    payloads = [json.loads(s.kwargs["extra_args"][XARGS_KEY]) for s in sampling]
+    modes = {(e["site"], e["mode"]) for e in payloads[0]}
+    assert {("heads", "from"), ("output", "condition"), ("output", "from"), ("output", "rotate")} <= modes
+    nonces = [s.kwargs["extra_args"][XARGS_NONCE] for s in sampling]
+    assert nonces[0] != nonces[1] and requests[0]["cache_salt"] != requests[1]["cache_salt"]
+    pipeline.release()
