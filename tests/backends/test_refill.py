@@ -134,15 +134,19 @@ def test_sampled_rows_use_their_own_item_seeds(make_pipeline):
     limits = [10, 10, 10, 10]
     sampling = {"do_sample": True, "temperature": 1.3, "top_k": 50, "seed": 11}
     reference = static_rows(pipeline, indices, limits, seed_scope="item", **sampling)
+
+    def admit_all(engine, into: dict) -> None:  # the four sampled requests; request i's tokens land in into[i]
+        pipeline.admit_refill(
+            engine,
+            [lambda o, e, i=i: into.__setitem__(i, o.output_ids[0].tolist()) for i in range(4)],
+            messages=chats(indices),
+            max_new_tokens=10,
+            **sampling,
+        )
+
     engine = pipeline.open_refill(4)
     got = {}
-    pipeline.admit_refill(
-        engine,
-        [lambda o, e, i=i: got.__setitem__(i, o.output_ids[0].tolist()) for i in range(4)],
-        messages=chats(indices),
-        max_new_tokens=10,
-        **sampling,
-    )
+    admit_all(engine, got)
     engine.drain()
     assert [got[i] for i in range(4)] == reference
     assert len({tuple(r) for r in reference}) > 1
@@ -151,13 +155,7 @@ def test_sampled_rows_use_their_own_item_seeds(make_pipeline):
     late = {}
     pipeline.admit_refill(engine, [lambda o, e: None], messages=chats([5]), max_new_tokens=30, do_sample=True, seed=3)
     engine.step()
-    pipeline.admit_refill(
-        engine,
-        [lambda o, e, i=i: late.__setitem__(i, o.output_ids[0].tolist()) for i in range(4)],
-        messages=chats(indices),
-        max_new_tokens=10,
-        **sampling,
-    )
+    admit_all(engine, late)
     engine.drain()
     assert [late[i] for i in range(4)] == reference
 

@@ -82,14 +82,21 @@ def test_outputs_satisfy_each_kind_of_constraint(engine, kind, draw):
     assert not all(_valid(kind, t) for t in _texts(engine, {}, **draw))  # unconstrained rows do not comply
 
 
-@on_engine
-def test_per_row_constraints_share_one_call_and_a_free_row_decodes_freely(engine):
+def _one_constraint_per_row(pipeline) -> list[str]:
+    """Each kind of constraint on its own row of one call, the fourth row free: each constrained row satisfies its
+    constraint and the free row decodes as it does without any; the call's texts."""
     kinds = list(VALUES)
     kwargs = {kind: [VALUES[kind] if i == k else None for i in range(4)] for k, kind in enumerate(kinds)}
-    texts = _texts(engine, kwargs)
+    texts = _texts(pipeline, kwargs)
     assert all(_valid(kind, texts[k]) for k, kind in enumerate(kinds)), texts
-    assert texts[3] == _texts(engine, {})[3]  # the row without a constraint is untouched
-    assert all(_texts(engine, {kind: VALUES[kind]}, [CHATS[k]])[0] == texts[k] for k, kind in enumerate(kinds))
+    assert texts[3] == _texts(pipeline, {})[3]  # the row without a constraint is untouched
+    return texts
+
+
+@on_engine
+def test_per_row_constraints_share_one_call_and_a_free_row_decodes_freely(engine):
+    texts = _one_constraint_per_row(engine)
+    assert all(_texts(engine, {kind: VALUES[kind]}, [CHATS[k]])[0] == texts[k] for k, kind in enumerate(VALUES))
 
 
 def test_served_requests_carry_each_rows_structured_outputs(serve_client, loopback):
@@ -114,10 +121,6 @@ def served(tmp_path_factory):
 
 @on_engine
 def test_a_real_server_honours_each_rows_constraint(served):
-    kinds = list(VALUES)
-    kwargs = {kind: [VALUES[kind] if i == k else None for i in range(4)] for k, kind in enumerate(kinds)}
-    texts = _texts(served, kwargs)
-    assert all(_valid(kind, texts[k]) for k, kind in enumerate(kinds)), texts
-    assert texts[3] == _texts(served, {})[3]  # the free row
+    _one_constraint_per_row(served)
     sampled = _texts(served, {"constrain_choices": CHOICES}, do_sample=True, temperature=1.3, seed=2, n=2)
     assert len(sampled) == 8 and all(t in CHOICES for t in sampled)

@@ -10,7 +10,6 @@ import time
 
 import pytest
 import torch
-from inspect_ai import eval as inspect_eval
 from vllm_real import (
     CHATS,
     MIN_AGREEMENT,
@@ -28,6 +27,7 @@ from steer_hydra.backends.vllm.steering import lower, steering_fields
 from steer_hydra.controls.state import CAA, ActAdd
 from steer_hydra.core import GenerationParams, SteeringPipeline
 from steer_hydra.evaluation import ProviderOptions, as_inspect_model
+from steer_hydra.testing.evals import eval_one
 
 pytestmark = [
     pytest.mark.vllm,
@@ -164,14 +164,7 @@ def test_a_request_admitted_while_others_decode_gets_only_its_own_steering(tiny6
 def _provider_samples(pipeline, batching, **generate_config):
     model = as_inspect_model(pipeline, options=ProviderOptions(max_batch_size=4, batching=batching))
     assert model.api.batching == batching
-    (log,) = inspect_eval(
-        eval_task(),
-        model=model,
-        display="none",
-        log_dir=None,
-        max_connections=model.api.max_connections(),
-        **generate_config,
-    )
+    log = eval_one(eval_task(), model, **generate_config)
     model.api.close()
     assert log.status == "success"
     return {str(s.input): s.output for s in log.samples}

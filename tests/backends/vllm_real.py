@@ -21,7 +21,6 @@ from typing import Any
 
 import torch
 from inspect_ai import Task
-from inspect_ai import eval as inspect_eval
 from inspect_ai.dataset import MemoryDataset, Sample
 from inspect_ai.scorer import includes
 
@@ -30,6 +29,7 @@ from steer_hydra.core import BackendSpec, SteeringPipeline
 from steer_hydra.core.tensors import strip_trailing
 from steer_hydra.evaluation import ProviderOptions, as_inspect_model
 from steer_hydra.models import resolve_model_reference
+from steer_hydra.testing.evals import eval_one
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on a CPU engine
 TINY64 = "steer_hydra:tiny?hidden_size=256&num_attention_heads=4&head_dim=64&intermediate_size=512"
@@ -130,16 +130,7 @@ def run_eval(
     `max_connections()`: `{sample id: (completion, includes score as 0/1)}`."""
     task = task or eval_task()
     model = as_inspect_model(pipeline, options=ProviderOptions(max_batch_size=8, batching=batching))
-    (log,) = inspect_eval(
-        task,
-        model=model,
-        display="none",
-        log_dir=str(log_dir / name),
-        limit=limit,
-        temperature=0,
-        max_tokens=max_tokens,
-        max_connections=model.api.max_connections(),
-    )
+    log = eval_one(task, model, log_dir=log_dir / name, limit=limit, temperature=0, max_tokens=max_tokens)
     model.api.close()
     expected = len(task.dataset) if limit is None else min(limit, len(task.dataset))
     assert log.status == "success" and len(log.samples) == expected

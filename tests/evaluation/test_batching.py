@@ -113,6 +113,26 @@ async def serve_all(collator, records):
     return [results[i] for i in range(len(records))]
 
 
+async def serve_gated(collator, pipeline, gate, records, *, early=None):
+    """Serve `records`: the first `early` (all by default) at once, the rest once the pipeline's first call is in
+    flight (held at `gate`); open the gate when every task is blocked. The outputs, in record order."""
+    early = len(records) if early is None else early
+    results = {}
+
+    async def one(i):
+        results[i] = await collator.serve(records[i])
+
+    async with anyio.create_task_group() as tg:
+        for i in range(early):
+            tg.start_soon(one, i)
+        await anyio.to_thread.run_sync(pipeline.started.wait)
+        for i in range(early, len(records)):
+            tg.start_soon(one, i)
+        await anyio.wait_all_tasks_blocked()
+        gate.set()
+    return [results[i] for i in range(len(records))]
+
+
 # ---------------------------------------------------------------------- admission (items 58-66)
 def test_admit_after_close_raises():
     collator = make()
@@ -248,23 +268,8 @@ def test_gated_five_requests_ceiling_three(backend):
     gate = threading.Event()
     pipeline = StubPipeline(gate=gate)
     collator = make(pipeline, ceiling=3)
-
-    async def main():
-        records = [admit(collator, f"p{i}") for i in range(5)]
-        results = {}
-
-        async def one(i):
-            results[i] = await collator.serve(records[i])
-
-        async with anyio.create_task_group() as tg:
-            for i in range(5):
-                tg.start_soon(one, i)
-            await anyio.to_thread.run_sync(pipeline.started.wait)
-            await anyio.wait_all_tasks_blocked()
-            gate.set()
-        return [results[i] for i in range(5)]
-
-    outputs = anyio.run(main, backend=backend)
+    records = [admit(collator, f"p{i}") for i in range(5)]
+    outputs = anyio.run(serve_gated, collator, pipeline, gate, records, backend=backend)
     assert [int(o.output_ids[0, 0]) for o in outputs] == [0, 1, 2, 3, 4]
     assert sum(pipeline.sizes()) == 5 and max(pipeline.sizes()) == 3
     assert pipeline.max_in_flight == 1
@@ -507,24 +512,7 @@ def test_the_worker_hands_a_partial_batch_back_to_a_leader():
     gate = threading.Event()
     pipeline = StubPipeline(gate=gate)
     collator = make(pipeline, ceiling=4)
-
-    async def main():
-        records = [admit(collator, f"p{i}") for i in range(6)]
-        results = {}
-
-        async def one(i):
-            results[i] = await collator.serve(records[i])
-
-        async with anyio.create_task_group() as tg:
-            for i in range(4):
-                tg.start_soon(one, i)
-            await anyio.to_thread.run_sync(pipeline.started.wait)
-            for i in range(4, 6):
-                tg.start_soon(one, i)
-            await anyio.wait_all_tasks_blocked()
-            gate.set()
-        return [results[i] for i in range(6)]
-
-    outputs = anyio.run(main)
+    records = [admit(collator, f"p{i}") for i in range(6)]
+    outputs = anyio.run(lambda: serve_gated(collator, pipeline, gate, records, early=4))
     assert [int(o.output_ids[0, 0]) for o in outputs] == list(range(6))
     assert pipeline.sizes() == [4, 2]

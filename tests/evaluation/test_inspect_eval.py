@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 from inspect_ai import Task
-from inspect_ai import eval as inspect_eval
 from inspect_ai.dataset import MemoryDataset, Sample
 from inspect_ai.scorer import includes
 from inspect_ai.solver import generate, use_tools
@@ -13,6 +12,7 @@ from inspect_ai.tool import tool
 
 from steer_hydra.core.controls import InputControl
 from steer_hydra.evaluation import ProviderOptions, as_inspect_model, runtime_kwargs_solver
+from steer_hydra.testing.evals import eval_one
 
 # Inspect's retry helper still passes a deprecated tenacity argument.
 pytestmark = pytest.mark.filterwarnings("ignore:The 'initial' parameter is deprecated:DeprecationWarning")
@@ -51,16 +51,7 @@ def tagged_task(words, solver=None) -> Task:
 
 
 def run(task, model, tmp_path):
-    (log,) = inspect_eval(
-        task,
-        model=model,
-        display="none",
-        log_dir=str(tmp_path),
-        temperature=0,
-        max_tokens=8,
-        max_connections=model.api.max_connections(),
-    )
-    return log
+    return eval_one(task, model, log_dir=tmp_path, temperature=0, max_tokens=8)
 
 
 def test_eval_batches_adapts_each_prompt_once_and_aligns_row_kwargs(make_pipeline, tmp_path):

@@ -10,13 +10,13 @@ import anyio
 import pytest
 import torch
 from inspect_ai import Task
-from inspect_ai import eval as inspect_eval
 from inspect_ai.dataset import MemoryDataset, Sample
 from inspect_ai.scorer import includes
 
 from steer_hydra.controls.state import PASTA, ActAdd
 from steer_hydra.evaluation import ProviderOptions, as_inspect_model, runtime_kwargs_solver
 from steer_hydra.evaluation.refill_serving import RefillCollator
+from steer_hydra.testing.evals import eval_one
 
 pytestmark = pytest.mark.filterwarnings("ignore:The 'initial' parameter is deprecated:DeprecationWarning")
 
@@ -201,15 +201,7 @@ def test_inspect_eval_with_refill_matches_static_completions(make_pipeline, tmp_
     for batching in ("static", "refill"):
         model = as_inspect_model(pipeline, options=ProviderOptions(max_batch_size=3, batching=batching))
         task = Task(dataset=MemoryDataset(samples), solver=[runtime_kwargs_solver()], scorer=includes())
-        (log,) = inspect_eval(
-            task,
-            model=model,
-            display="none",
-            log_dir=str(tmp_path / batching),
-            temperature=0,
-            max_tokens=12,
-            max_connections=model.api.max_connections(),
-        )
+        log = eval_one(task, model, log_dir=tmp_path / batching, temperature=0, max_tokens=12)
         assert log.status == "success"
         completions[batching] = {s.id: s.output.completion for s in log.samples}
         model.api.close()

@@ -8,7 +8,6 @@ import json
 import jsonschema
 import pytest
 from inspect_ai import Task
-from inspect_ai import eval as inspect_eval
 from inspect_ai.dataset import MemoryDataset, Sample
 from inspect_ai.model import GenerateConfig, ResponseSchema
 from inspect_ai.scorer import includes
@@ -17,6 +16,7 @@ from inspect_ai.util import JSONSchema
 from steer_hydra.controls.output import ConstrainedDecoding
 from steer_hydra.evaluation import ProviderOptions, as_inspect_model, runtime_kwargs_solver
 from steer_hydra.evaluation.options import RESPONSE_SCHEMA_RUNTIME_KWARG
+from steer_hydra.testing.evals import eval_one
 
 pytestmark = pytest.mark.filterwarnings("ignore:The 'initial' parameter is deprecated:DeprecationWarning")
 
@@ -43,16 +43,7 @@ def schema_task(metadata: list[dict] | None = None) -> Task:
 
 
 def run(model, task, tmp_path, **kwargs):
-    (log,) = inspect_eval(
-        task,
-        model=model,
-        display="none",
-        log_dir=str(tmp_path),
-        max_tokens=32,
-        max_connections=model.api.max_connections(),
-        **kwargs,
-    )
-    return log
+    return eval_one(task, model, log_dir=tmp_path, max_tokens=32, **kwargs)
 
 
 @pytest.mark.parametrize("temperature", [0, 1.2], ids=["greedy", "sampled"])

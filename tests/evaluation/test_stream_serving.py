@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 from inspect_ai import Task
-from inspect_ai import eval as inspect_eval
 from inspect_ai.dataset import MemoryDataset, Sample
 from inspect_ai.scorer import includes
 
@@ -15,6 +14,7 @@ from steer_hydra.core.controls import DecodingDriver, DriverResult
 from steer_hydra.evaluation import ProviderOptions, as_inspect_model
 from steer_hydra.evaluation.batching import BatchRequest, request_digest, request_seed
 from steer_hydra.evaluation.stream_serving import StreamCollator
+from steer_hydra.testing.evals import eval_one
 
 WORDS = ["paris", "london", "rome", "berlin", "madrid", "tokyo", "oslo", "lima"]
 
@@ -35,14 +35,8 @@ def run(pipeline, *, batching, samples=None, epochs=1, **generate):
     options = ProviderOptions(max_batch_size=2, batching=batching)
     model = as_inspect_model(pipeline, options=options)
     assert model.api.batching == batching
-    (log,) = inspect_eval(
-        Task(dataset=MemoryDataset(samples), scorer=includes(), epochs=epochs),
-        model=model,
-        display="none",
-        log_dir=None,
-        log_samples=True,
-        max_connections=model.api.max_connections(),
-        **generate,
+    log = eval_one(
+        Task(dataset=MemoryDataset(samples), scorer=includes(), epochs=epochs), model, log_samples=True, **generate
     )
     model.api.close()
     assert log.status == "success", log.error
