@@ -35,6 +35,21 @@ def test_defaults_are_the_offline_smollm2_baseline_on_smoke(compose_cfg):
 REQUIRED_CONTROL_ARGS = {  # the options whose required argument (???) has no offline default
     "contrastive_decoding": ["arm.controls.slot.amateur='steer_hydra:tiny?seed=1&hidden_size=32'"],
     "reward_guided_decoding": ["arm.controls.slot.reward_model='steer_hydra:tiny-reward'"],
+    **{
+        option: ["arm.controls.slot.value_model='steer_hydra:tiny-reward'"]
+        for option in ("value_guidance", "fudge", "args_guidance")
+    },
+    "contrastive_guidance": [
+        "arm.controls.slot.models=['steer_hydra:tiny?seed=1&hidden_size=32']",
+        "arm.controls.slot.weights=[-1.0]",
+    ],
+    **{
+        option: [
+            "arm.controls.slot.expert='steer_hydra:tiny?seed=1&hidden_size=32'",
+            "arm.controls.slot.anti_expert='steer_hydra:tiny?seed=2&hidden_size=32'",
+        ]
+        for option in ("dexperts", "proxy_tuning")
+    },
     # trained, merged and optimized controls: their data, inputs or checkpoint (nothing is trained or loaded here)
     "load_checkpoint": ["arm.controls.slot.checkpoint='steer_hydra:tiny?seed=1'"],
     "model_merge": ["arm.controls.slot.models=[{model:a,weight:1},{model:b,weight:1}]"],
