@@ -1,1 +1,3 @@
-"""Scaffolding for tests and benchmarks (fault-injecting servers); nothing in the library imports it."""
+"""Scaffolding for tests and benchmarks: the fault-injecting loopback server (`loopback_server`), float comparisons
+with tolerances derived from the arithmetic (`numerics`) and one Inspect eval on a provider model (`evals`); nothing
+in the library imports it."""
