@@ -18,7 +18,8 @@ layer read about it:
 - `supports_refill`: its hooks stay right when built on a refill engine's layout prompt (see
   `steer_hydra.backends.refill`), so slot refill may run it;
 - `RUNTIME_KWARGS_SCHEMA`: the per-call or per-row arguments it reads;
-- `vector_hash`: the content hash of a steering vector it uses beyond its Args (None when none);
+- `vector_hash`: the content hash of a steering vector it uses beyond its Args (None when none), and
+  `provenance()`: what it chose or built at `steer()` (e.g. an optimized instruction), as JSON values;
 - state controls only: `adds_residual` with `residual_edits()` (or `residual_addition()` for one), when the
   control's whole effect is fixed edits of decoder layers' residual streams (additions, projections, rotations,
   head-slice additions, per-row gates), so a backend that runs no hooks (vLLM) can apply them itself.
@@ -187,6 +188,12 @@ class BaseControl:
         """The content hash of a steering vector this control uses beyond its Args (given or fitted at `steer()`),
         recorded in provenance; None when it uses none (or before `steer()`)."""
         return None
+
+    def provenance(self) -> dict[str, Any]:
+        """What this control chose or built at `steer()` beyond its Args (an optimized instruction, a trained adapter's
+        cache entry and training record), as JSON values for a job's provenance; {} by default and before
+        `steer()`."""
+        return {}
 
     def arg_values(self) -> dict[str, Any]:
         """The Args fields by name (not copied: a scorer or a model in an argument stays one object)."""

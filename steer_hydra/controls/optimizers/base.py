@@ -287,6 +287,22 @@ class PromptOptimizer(InputControl):
         """The digest of the chosen instruction once steered, recorded in provenance."""
         return None if self.text is None else hashlib.sha256(self.text.encode()).hexdigest()
 
+    def provenance(self) -> dict[str, Any]:
+        """The chosen instruction, its training score and the initial's, and the cache entry, once steered."""
+        if self.optimization is None:
+            return {}
+        keys = (
+            "optimizer",
+            "chosen",
+            "initial",
+            "train_score_initial",
+            "train_score_chosen",
+            "train_score_policy",
+            "rows",
+            "path",
+        )
+        return {"reused": self.reused, **{k: self.optimization[k] for k in keys if k in self.optimization}}
+
     def training_rows(self) -> list[dict[str, Any]]:
         """The rows the optimizer may see: the data's rows of `split`, each with its prompt as `input`."""
         where = f"{type(self).__name__}.data"

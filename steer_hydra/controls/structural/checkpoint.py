@@ -230,6 +230,10 @@ class LoadCheckpoint(StructuralControl):
         """The digest of the weights in use once steered (`weights_digest`), recorded in provenance."""
         return self._applied_digest
 
+    def provenance(self) -> dict[str, Any]:
+        """The digest of the weights in use, once steered."""
+        return {"weights_sha256": self._applied_digest} if self._applied_digest else {}
+
     def requirements(self) -> frozenset[Capability]:
         return frozenset({Capability.IN_PROCESS_TORCH})
 

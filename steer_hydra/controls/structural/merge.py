@@ -156,6 +156,12 @@ class ModelMerge(StructuralControl):
         """The merged checkpoint's content digest once steered, recorded in provenance."""
         return self._merged_sha256
 
+    def provenance(self) -> dict[str, Any]:
+        """The merged checkpoint's cache entry and whether this steer built it, once steered."""
+        if self.merged_path is None:
+            return {}
+        return {"merged": str(self.merged_path), "built": self.built, "weights_sha256": self._merged_sha256}
+
     def recipe(self, resolve: Callable[[str], str] = str) -> dict[str, Any]:
         """mergekit's configuration for this merge, with each reference mapped through `resolve`."""
         config: dict[str, Any] = {

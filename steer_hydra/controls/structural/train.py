@@ -117,6 +117,7 @@ class TrainedAdapter(StructuralControl):
         max_length: int = 512
         seed: int = 0
         save_steps: int = 50
+        gradient_checkpointing: bool = False
         merge: bool = True
         name: str | None = None
         cache_dir: str | None = None
@@ -211,6 +212,16 @@ class TrainedAdapter(StructuralControl):
         """The trained adapter's (or weights') content digest once steered, recorded in provenance."""
         return self._digest
 
+    def provenance(self) -> dict[str, Any]:
+        """The cache entry, the steps trained now (0: reused) and what the entry recorded, once steered."""
+        if self.artifact_path is None:
+            return {}
+        return {
+            "artifact": str(self.artifact_path),
+            "trained_steps": self.trained_steps,
+            "training": self.training_record,
+        }
+
     # ------------------------------------------------------------------ declarations
     def requirements(self) -> frozenset[Capability]:
         """The live model on Hugging Face; the vLLM backends serve the adapter per request (`export_lora`)."""
@@ -228,8 +239,13 @@ class TrainedAdapter(StructuralControl):
     def _trainer(self, model: torch.nn.Module, tokenizer: Any, dataset: Any, config: dict[str, Any]) -> Any:
         raise NotImplementedError
 
-    def _common_config(self, work: Path) -> dict[str, Any]:
+    def _common_config(self, work: Path, dtype: torch.dtype) -> dict[str, Any]:
+        """The TrainingArguments every trainer shares. Precision follows the model's dtype (TRL's configs default to
+        bf16 mixed precision, which on a CPU is both slower and a different computation than the model's own)."""
         return {
+            "bf16": dtype == torch.bfloat16,
+            "fp16": dtype == torch.float16,
+            "gradient_checkpointing": bool(self.gradient_checkpointing),
             "output_dir": str(work / "checkpoints"),
             "num_train_epochs": float(self.epochs),
             "max_steps": int(self.max_steps),
@@ -277,7 +293,8 @@ class TrainedAdapter(StructuralControl):
         self.last_train_dataset = dataset
         devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
         with torch.random.fork_rng(devices=devices):  # the trainer seeds torch: the caller's RNG state comes back
-            trainer = self._trainer(trainee, copy.deepcopy(tokenizer), dataset, self._common_config(work))
+            config = self._common_config(work, next(trainee.parameters()).dtype)
+            trainer = self._trainer(trainee, copy.deepcopy(tokenizer), dataset, config)
             for callback in self.trainer_callbacks:
                 trainer.add_callback(callback)
             logger.info(

@@ -105,12 +105,14 @@ def test_the_choice_is_recorded_reused_from_the_cache_and_redone_for_new_rows(tm
         assert record["train_score_chosen"] >= record["train_score_initial"]
     assert record["train_score_chosen"] == pytest.approx(control.evaluator.mean(control.text))
     assert control.vector_hash and not control.reused
+    assert control.provenance()["chosen"] == control.text and control.provenance()["reused"] is False
 
     again_recorder = Recorder()
     again = _optimizers(again_recorder, TRAIN, tmp_path)[index]
     _steer(again).release()
     assert again.reused and again.evaluator is None and again_recorder.rows == [] and again_recorder.calls == 0
     assert again.text == control.text and again.vector_hash == control.vector_hash
+    assert again.provenance()["reused"] is True and again.provenance()["path"] == control.provenance()["path"]
 
     changed = _optimizers(Recorder(), TRAIN[:3], tmp_path)[index]
     assert config_digest(config_descriptor_from_controls([changed])) != config_digest(

@@ -77,6 +77,7 @@ def test_sft_adapter_is_reused_by_digest_and_a_changed_dataset_retrains(tmp_path
     pipeline = _steer(second)
     assert second.trained_steps == 0 and second.artifact_path == first.artifact_path  # zero steps: from the cache
     assert _greedy(pipeline) == trained and second.vector_hash == first.vector_hash
+    assert second.provenance()["trained_steps"] == 0 and second.provenance()["training"]["global_step"] == 3
     pipeline.release()
     id_before = config_digest(config_descriptor_from_controls([second]))
 
