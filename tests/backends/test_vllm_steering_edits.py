@@ -18,7 +18,7 @@ from test_vllm_offline import fake_vllm  # noqa: E402,F401 - the stand-in vLLM m
 
 from steer_hydra.backends.vllm.plugin import build_plan, install, parse, rotate_rows
 from steer_hydra.backends.vllm.steering import XARGS_KEY, XARGS_NONCE, bind, lower, meta_skeleton, steering_fields
-from steer_hydra.controls.state import CAST, ITI, AngularSteering
+from steer_hydra.controls.state import CAST, ITI, ActivationAdapter, AngularSteering
 from steer_hydra.core import BackendSpec, SteeringPipeline
 from steer_hydra.core.controls import ResidualAddition
 from steer_hydra.core.edits import condition_similarity, rotate_in_plane
@@ -419,3 +419,23 @@ def test_fits_made_for_the_engine_match_in_process_fits_and_the_edits_ride_on_ea
     nonces = [s.kwargs["extra_args"][XARGS_NONCE] for s in sampling]
     assert nonces[0] != nonces[1] and requests[0]["cache_salt"] != requests[1]["cache_salt"]
     pipeline.release()
+
+
+def test_activation_adapter_lowers_to_the_dedicated_controls_edits(skeleton):
+    from steer_hydra.controls.state import DirectionalAblation
+
+    r = torch.randn(64, generator=torch.Generator().manual_seed(2))
+    adapter = ActivationAdapter(
+        transform="project", vector=r, sites=["input", "attention", "output"], token_scope="all"
+    )
+    ablation = DirectionalAblation(direction_vector=r)
+    for control in (adapter, ablation):
+        bind(control, skeleton, None, "vllm")
+    got, want = lower(adapter), lower(ablation)
+    assert [(e.layer, e.site, e.mode, e.start(9)) for e in got] == [(e.layer, e.site, e.mode, e.start(9)) for e in want]
+    assert all(torch.equal(a.rows, b.rows) for a, b in zip(got, want, strict=True))
+    gated = ActivationAdapter(vector=r, layers=[1], condition_vector=-r, condition_layer=0, threshold=0.5)
+    bind(gated, skeleton, None, "vllm")
+    reading, addition = lower(gated)
+    assert (reading.mode, reading.layer, addition.gate, addition.layer) == ("condition", 0, reading.gate, 1)
+    assert XARGS_NONCE in steering_fields(lower(gated), 4)["vllm_xargs"]
