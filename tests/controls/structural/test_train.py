@@ -207,3 +207,18 @@ def test_args_are_checked():
         SFTAdapter(data=HELD_OUT).source_rows()
     with pytest.raises(ValueError, match="rejected"):
         DPOAdapter(data=[{"prompt": "a", "chosen": "b"}]).training_rows(build_tiny_model()[1])
+
+
+@pytest.mark.parametrize("concept", ["weddings", "french"])
+def test_a_concept_arm_trains_on_the_concepts_pairs_never_on_the_task_instructions(concept):
+    from steer_hydra.tasks.concept_steering import concept_samples
+    from steer_hydra.tasks.concepts import concept_pairs
+
+    _, tokenizer = build_tiny_model()
+    for control_cls in (SFTAdapter, DPOAdapter):
+        rows = control_cls(data=concept_pairs(concept)).training_rows(tokenizer)
+        prompts = {row["prompt"][0]["content"] for row in rows}
+        evaluated = {sample.metadata["instruction"] for sample in concept_samples(concept, split="all")}
+        assert len(prompts) >= 16 and not prompts & evaluated
+        if control_cls is SFTAdapter:  # AxBench's SFT arm: the concept's positive answers
+            assert {row["completion"][0]["content"] for row in rows} == {p["positive"] for p in concept_pairs(concept)}
