@@ -12,6 +12,7 @@ from steer_hydra.controls.state.probing import prompt_means
 from steer_hydra.core import Capability
 from steer_hydra.core.edits import condition_similarity
 from steer_hydra.core.layout import resolve_layout
+from steer_hydra.testing.numerics import assert_equal_up_to_rounding, decoder_roundings
 
 PROMPTS = [
     "the capital of france is",
@@ -134,7 +135,9 @@ def test_the_condition_is_fitted_from_prompt_pairs_with_a_threshold_that_separat
     negative = prompt_means(
         model, tokenizer, "model.layers.0", [p["negative"] for p in CONDITION_PAIRS], prompt_format="text", batch_size=1
     )
-    torch.testing.assert_close(vector, positive.mean(0) - negative.mean(0), atol=1e-5, rtol=1e-5)
+    # the same prompt means read in batches of 2 instead of 1: the decoder's sums in another order
+    terms = decoder_roundings(model.config, 12) + 6
+    assert_equal_up_to_rounding(vector, positive.mean(0) - negative.mean(0), terms=terms, operands=(positive, negative))
     unit = vector / vector.norm()
     on, off = condition_similarity(positive, unit), condition_similarity(negative, unit)
     opens = (lambda s: s > threshold) if comparison == ">" else (lambda s: s < threshold)  # noqa: E731
@@ -159,7 +162,7 @@ def test_engine_edits_are_the_condition_and_caas_addition_gated_by_it(tiny):
     rule = control.condition
     assert (condition.layer, condition.site, condition.mode, condition.gate) == (0, "output", "condition", rule.gate)
     assert (condition.threshold, condition.comparison) == (rule.threshold, rule.comparison)
-    torch.testing.assert_close(condition.rows[0], rule.unit)
+    assert torch.equal(condition.rows[0], rule.unit)
     (expected,) = caa.residual_edits()
     assert gated.gate == rule.gate and gated.scope == "after_prompt" and torch.equal(gated.rows, expected.rows)
     assert (gated.layer, gated.site, gated.mode) == (expected.layer, expected.site, expected.mode)
