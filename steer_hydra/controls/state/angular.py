@@ -1,5 +1,5 @@
-"""Angular steering (Vu & Nguyen 2025, "Angular Steering: Behavior Control via Rotation in Activation Space", arXiv
-2510.26243): the residual stream is rotated within a 2-D plane that contains a behaviour direction; the angle is the
+"""Angular steering (Vu & Nguyen 2025, "Angular Steering: Behavior Control via Rotation in Activation Space"): the
+residual stream is rotated within a 2-D plane that contains a behaviour direction; the angle is the
 strength, and every activation keeps its norm.
 
 Method: the plane is spanned by the unit behaviour direction b1 (a mean difference of contrastive activations, or
@@ -82,7 +82,7 @@ def plane_basis(direction: torch.Tensor, reference: torch.Tensor, owner: str) ->
 
 
 class AngularSteering(FitsVector, StateControl):
-    """Norm-preserving rotation of the residual stream in the plane of a behaviour direction (arXiv 2510.26243).
+    """Norm-preserving rotation of the residual stream in the plane of a behaviour direction (Vu & Nguyen 2025).
 
     Args:
         steering_vector: the behaviour direction: a `SteeringVector`, a `[hidden]` tensor or a saved vector's path
