@@ -25,6 +25,14 @@ reward model when `--model` is a tiny one; both must share the model's vocabular
 another model their rows are left out. ThinkingBudget (a decoding driver) opens a thinking channel, caps it at half
 of `--new-tokens`, closes it and answers; a driver takes no `min_new_tokens`, so its rows run without one: the
 `tok/row` column gives the new tokens each arm generated per row (a random tiny model almost never ends early).
+
+UserPrefix puts a sentence before each question (a longer prompt). PhasedDecoding forces "Answer:" then generates the
+rest (one rollout); RoutedDecoding sends the counting and arithmetic questions to that plan and the rest to plain
+decoding (two rollouts of half the rows). SearchDecoding (one prompt at a time, like ActAdd) samples 4 proposals per
+prompt in one round and keeps the longest. ValueGuidance scores the top 20 candidates with the reward model's raw
+logit, min-max normalized; SASA fits its subspace from three sentiment pairs and runs each row's top 20 candidates
+as one more position on the model itself; DExperts runs two second models (the amateur and another tiny model) beside
+the model (proxy-tuning is the same computation at another weight).
 """
 
 from __future__ import annotations
@@ -39,7 +47,20 @@ from collections.abc import Callable
 
 import torch
 
-from steer_hydra.controls.output import ConstrainedDecoding, ContrastiveDecoding, RewardGuidedDecoding, ThinkingBudget
+from steer_hydra.controls.input import UserPrefix
+from steer_hydra.controls.output import (
+    SASA,
+    ConstrainedDecoding,
+    ContrastiveDecoding,
+    DExperts,
+    KeywordRouter,
+    PhasedDecoding,
+    RewardGuidedDecoding,
+    RoutedDecoding,
+    SearchDecoding,
+    ThinkingBudget,
+    ValueGuidance,
+)
 from steer_hydra.controls.state import (
     CAA,
     CAST,
@@ -51,7 +72,7 @@ from steer_hydra.controls.state import (
     DirectionalAblation,
 )
 from steer_hydra.controls.structural import LoRAAdapter
-from steer_hydra.core import ModelSource, SteeringPipeline
+from steer_hydra.core import DecodingDriver, ModelSource, SteeringPipeline
 from steer_hydra.core.layout import ModelLayout, resolve_layout
 from steer_hydra.core.tensors import strip_trailing
 from steer_hydra.models import resolve_model_reference
@@ -69,6 +90,16 @@ QUESTIONS = [
 ]
 TINY_AMATEUR = "steer_hydra:tiny?seed=1"  # 2 layers, hidden 64: the tiny tokenizer, a quarter of the default's width
 TINY_REWARD = "steer_hydra:tiny-reward"  # a sequence classifier on the tiny tokenizer: RAD's prefix-cache path
+TINY_ANTI_EXPERT = "steer_hydra:tiny?seed=2"  # DExperts' second tiny model beside the amateur
+SENTIMENT = [  # SASA's labeled pairs (the negative response unwanted)
+    {
+        "prompt": "How do you feel today?",
+        "positive": "I feel wonderful and happy.",
+        "negative": "I feel awful and sad.",
+    },
+    {"prompt": "Describe the weather.", "positive": "It is a bright, lovely day.", "negative": "It is a gloomy day."},
+    {"prompt": "What do you think of people?", "positive": "People are kind and good.", "negative": "People are bad."},
+]
 WORDS = "[a-z]+( [a-z]+)*"  # ConstrainedDecoding's regex: lowercase words, as long as the call runs
 HIGHLIGHT = ["one word", "five", "cat", "yes or no", "rivers", "sea", "two plus three", "moon"]
 
@@ -85,7 +116,12 @@ def _random_adapter(model: str, folder: str) -> str:
 
 
 def _arms(
-    layout: ModelLayout, amateur: str | None, reward: str | None, adapter: str, new_tokens: int
+    layout: ModelLayout,
+    amateur: str | None,
+    reward: str | None,
+    adapter: str,
+    new_tokens: int,
+    anti_expert: str | None = None,
 ) -> dict[str, Callable[[], list]]:
     layers, hidden, middle = layout.num_layers, layout.hidden_size, layout.num_layers // 2
     arms = {
@@ -122,11 +158,28 @@ def _arms(
         "LoRAAdapter (unmerged)": lambda: [LoRAAdapter(adapter=adapter, merge=False)],
         "ConstrainedDecoding (regex)": lambda: [ConstrainedDecoding(regex=WORDS)],
         "ThinkingBudget (driver)": lambda: [ThinkingBudget(max_thinking_tokens=new_tokens // 2)],
+        "UserPrefix": lambda: [UserPrefix(text="Answer in one short sentence.")],
+        "PhasedDecoding (prefix, rest)": lambda: [PhasedDecoding(phases=[{"force": "Answer:"}, {"generate": None}])],
+        "RoutedDecoding (2 routes)": lambda: [
+            RoutedDecoding(
+                routes={"plain": [], "phased": [PhasedDecoding(phases=[{"force": "Answer:"}, {"generate": None}])]},
+                router=KeywordRouter({"phased": ["count", "plus", "three"]}),
+                default_route="plain",
+            )
+        ],
+        "SearchDecoding (4 proposals)": lambda: [
+            SearchDecoding(scorer=lambda response, row: float(len(response)), proposals=4)
+        ],
+        "SASA (top 20, fitted)": lambda: [SASA(data=SENTIMENT, beta=1.0, top_k=20)],
     }
     if amateur:
         arms["ContrastiveDecoding"] = lambda: [ContrastiveDecoding(amateur=amateur)]
+        arms["DExperts (2 second models)"] = lambda: [DExperts(expert=amateur, anti_expert=anti_expert)]
     if reward:
         arms["RewardGuidedDecoding"] = lambda: [RewardGuidedDecoding(reward_model=reward)]
+        arms["ValueGuidance (logit, minmax)"] = lambda: [
+            ValueGuidance(value_model=reward, beta=2.0, value="logit", normalize="minmax")
+        ]
     return arms
 
 
@@ -144,7 +197,7 @@ def _timed(
     """Seconds of one generate call (exactly `--new-tokens` per row, except under a driver); appends the mean new
     tokens per row to `tokens`."""
     runtime = {"substrings": substrings} if any(isinstance(c, PASTA) for c in pipeline.controls) else None
-    driven = any(isinstance(c, ThinkingBudget) for c in pipeline.controls)
+    driven = any(isinstance(c, DecodingDriver) for c in pipeline.controls)
     if args.device.startswith("cuda"):
         torch.cuda.synchronize()
     start = time.perf_counter()
@@ -180,14 +233,19 @@ def main() -> None:
     parser.add_argument(
         "--reward", default=None, help="RewardGuidedDecoding's reward model (default: the tiny one for a tiny --model)"
     )
+    parser.add_argument(
+        "--anti-expert", default=None, help="DExperts' anti-expert (default: a tiny one for a tiny --model)"
+    )
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave the default)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    amateur, reward = args.amateur, args.reward
+    amateur, reward, anti_expert = args.amateur, args.reward, args.anti_expert
     if args.model.startswith("steer_hydra:tiny"):
         amateur, reward = amateur or TINY_AMATEUR, reward or TINY_REWARD
+        anti_expert = anti_expert or TINY_ANTI_EXPERT
+    anti_expert = anti_expert or amateur
     chats = [[{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}] for i in range(args.batch)]
     substrings = [[HIGHLIGHT[i % len(HIGHLIGHT)]] for i in range(args.batch)]
     probe = _pipeline(args, [])
@@ -195,13 +253,15 @@ def main() -> None:
     probe.release()
     torch.manual_seed(0)
     adapter = _random_adapter(args.model, tempfile.mkdtemp(prefix="steer_hydra_lora_"))
-    arms = _arms(layout, amateur, reward, adapter, args.new_tokens)
+    arms = _arms(layout, amateur, reward, adapter, args.new_tokens, anti_expert)
     pipelines = {name: _pipeline(args, build()) for name, build in arms.items()}
     one_chat, one_substrings = chats[:1], substrings[:1]
 
     times: dict[str, list[float]] = {name: [] for name in pipelines}
     tokens: dict[str, list[float]] = {name: [] for name in pipelines}
-    single: dict[str, list[float]] = {"unsteered": [], "ActAdd": []}
+    # arms that do not batch (ActAdd, SearchDecoding) are also timed at batch 1 beside the unsteered arm
+    single: dict[str, list[float]] = {"unsteered": []}
+    single |= {name: [] for name, pipeline in pipelines.items() if not pipeline.supports_batching}
     for pipeline in pipelines.values():  # warm-up round
         _timed(pipeline, chats if pipeline.supports_batching else one_chat, args, substrings)
     order = list(pipelines)
@@ -211,7 +271,7 @@ def main() -> None:
             pipeline = pipelines[name]
             if pipeline.supports_batching:
                 times[name].append(_timed(pipeline, chats, args, substrings, tokens[name]))
-            else:  # ActAdd: what the model provider does, one request at a time
+            else:  # ActAdd, SearchDecoding: what the model provider does, one request at a time
                 times[name].append(args.batch * _timed(pipeline, one_chat, args, one_substrings, tokens[name]))
             if name in single:
                 single[name].append(_timed(pipeline, one_chat, args, one_substrings))
@@ -221,14 +281,14 @@ def main() -> None:
         f"model={args.model} device={args.device} dtype={args.dtype} attn={args.attn} "
         f"layers={layout.num_layers} heads={layout.num_heads} hidden={layout.hidden_size} "
         f"batch={args.batch} new_tokens={args.new_tokens} repeats={args.repeats} threads={torch.get_num_threads()} "
-        f"amateur={amateur} reward={reward}"
+        f"amateur={amateur} reward={reward} anti_expert={anti_expert}"
     )
     print(f"{'arm':<30}{'median s/call':>15}{'ratio':>9}{'min s/call':>13}{'ratio':>9}{'tok/row':>9}")
     for name, values in times.items():
         median = statistics.median(values)
         note = ""
-        if name == "ActAdd":
-            ratio = statistics.median(single["ActAdd"]) / statistics.median(single["unsteered"])
+        if name in single and name != "unsteered":
+            ratio = statistics.median(single[name]) / statistics.median(single["unsteered"])
             note = f"   (serialized: {args.batch} calls of batch 1; per-call ratio at batch 1: {ratio:.2f}x)"
         fastest = min(values)
         made = statistics.mean(tokens[name])
