@@ -182,8 +182,9 @@ def _xargs(additions, prompt_length):
 
 @pytest.fixture
 def toy():
-    torch.manual_seed(0)
-    return ToyModel()
+    with torch.random.fork_rng(devices=[]):  # the same toy whatever ran before; the global RNG left as it was
+        torch.manual_seed(0)
+        return ToyModel()
 
 
 def _forward(model, runner, chunks):
@@ -198,7 +199,8 @@ def _forward(model, runner, chunks):
 
 def test_a_mixed_batch_gives_each_request_what_it_gets_alone(toy):
     caa = ResidualAddition(1, "output", "from", torch.full((1, HIDDEN), 0.5), "after_prompt")
-    actadd = ResidualAddition(0, "input", "block", torch.randn(2, HIDDEN), "position", offset=1, preserve_norm=True)
+    block = torch.randn(2, HIDDEN, generator=torch.Generator().manual_seed(2))
+    actadd = ResidualAddition(0, "input", "block", block, "position", offset=1, preserve_norm=True)
     prompts = {"a": [3, 4, 5, 6], "b": [7, 8, 9], "c": [10, 11, 12, 13, 14]}
     steering = {"a": [caa], "b": [], "c": [caa, actadd]}
     # one prefill step of every prompt, plus a decode step: prompt "a" at position 4 (after its prompt)
@@ -224,8 +226,9 @@ def test_a_mixed_batch_gives_each_request_what_it_gets_alone(toy):
 
 
 def test_output_additions_shift_the_stream_by_the_rows_without_touching_the_inputs():
-    hidden, residual = torch.randn(5, HIDDEN), torch.randn(5, HIDDEN)
-    rows, index = torch.randn(2, HIDDEN), torch.tensor([1, 3])
+    gen = torch.Generator().manual_seed(5)
+    hidden, residual = torch.randn(5, HIDDEN, generator=gen), torch.randn(5, HIDDEN, generator=gen)
+    rows, index = torch.randn(2, HIDDEN, generator=gen), torch.tensor([1, 3])
     with torch.inference_mode():
         h, r = hidden.clone(), residual.clone()
         out = add_rows(h, r, index, rows, preserve=False)
@@ -451,7 +454,12 @@ def test_projections_remove_the_direction_from_every_edited_stream_of_their_requ
     assert not torch.allclose(out[3:5], plain[3:5])
     alone, _, _ = _step(copy.deepcopy(plain_model), batch[:1], steering)
     assert_as_alone(out[:5], alone)
-    hidden, residual, index = torch.randn(4, HIDDEN), torch.randn(4, HIDDEN), torch.tensor([0, 2])
+    gen = torch.Generator().manual_seed(6)
+    hidden, residual, index = (
+        torch.randn(4, HIDDEN, generator=gen),
+        torch.randn(4, HIDDEN, generator=gen),
+        torch.tensor([0, 2]),
+    )
     with torch.inference_mode():
         edited = vllm_plugin.project_rows(hidden, residual, index, r.expand(2, -1))
     stream = hidden + residual

@@ -101,8 +101,7 @@ def test_greedy_n_candidates_are_identical(make_pipeline):
 @pytest.mark.parametrize("scope", ["item", "dispatch"])
 def test_seeded_sampling_is_reproducible_and_leaves_global_rng(make_pipeline, scope):
     pipeline = make_pipeline()
-    torch.manual_seed(123)
-    before = torch.get_rng_state()
+    before = torch.get_rng_state()  # whatever ran before: the global RNG is not this test's to set
     kwargs = dict(max_new_tokens=16, temperature=1.0, seed=7, seed_scope=scope)
     first = pipeline.generate(TEXTS, **kwargs)
     second = pipeline.generate(TEXTS, **kwargs)
