@@ -1,4 +1,5 @@
-"""Helpers for the app tests: fast job overrides, reading an offline W&B run's record file, finding a secret in files.
+"""Helpers for the app tests: fast job overrides, user arms on a search path, the checks of a sweep of arms beside the
+baseline, reading an offline W&B run's record file, finding a secret in files.
 
 `read_run` reads an offline W&B run's record file (`run-*.wandb`) back: the config and summary W&B itself stored.
 
@@ -17,10 +18,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 from wandb.proto import wandb_internal_pb2
 
 # The tiny random model (the default job runs SmolLM2): jobs of a few seconds on CPU.
 FAST = ["model=tiny", "suite.limit=2", "suite.generate_overrides.max_tokens=6", "progress=false"]
+# A sweep of arms beside the baseline, one sample per task (the model is chosen by the test).
+SMALL = ["suite.limit=1", "suite.generate_overrides.max_tokens=8", "logger=none", "progress=false"]
 
 BLOCK = 32768
 HEADER = 7
@@ -113,3 +117,33 @@ def files_holding(root: Path, secrets: tuple[str, ...]) -> list[str]:
             blobs += [(f"{path}!{name}", data) for name, data in zip_members(path)]
         hits += [where for where, data in blobs for s in secrets if s.encode() in data]
     return hits
+
+
+def write_arms(root: Path, arms: dict[str, str]) -> str:
+    """Write `{name: arm YAML body}` as arm files under `root/user_conf/arm`, as a user's own arms would be; returns
+    the search-path override that finds them."""
+    folder = root / "user_conf" / "arm"
+    folder.mkdir(parents=True)
+    for name, body in arms.items():
+        (folder / f"{name}.yaml").write_text(f"# @package arm\n{body}\nname: {name}\n")
+    return f"hydra.searchpath=[file://{root / 'user_conf'}]"
+
+
+def check_arms_beside_baseline(sweep: Path, arms: list[str], out: str) -> tuple[dict[str, str], pd.DataFrame]:
+    """A sweep of the baseline and `arms` that printed `out`: its results table names exactly those arms; each arm ran
+    the baseline's samples and changed some completion against the baseline's on the same sample, and has a
+    12-character config id and a row in `out`; the job records carry the same config ids. Returns `({arm: config
+    id}, the results table)`."""
+    samples = pd.read_csv(sweep / "aggregate" / "samples.csv")
+    keys = ["task", "sample_id", "trial_id"]
+    base = samples[samples["arm"] == "baseline"].drop_duplicates(keys).set_index(keys)["completion"]
+    table = pd.read_csv(sweep / "aggregate" / "results_table.csv")
+    ids = dict(zip(table["arm"], table["config_id"], strict=False))
+    assert set(ids) == {"baseline", *arms}
+    for arm in arms:
+        steered = samples[samples["arm"] == arm].drop_duplicates(keys).set_index(keys)["completion"]
+        assert len(steered) > 0 and set(steered.index) == set(base.index), arm
+        assert (steered != base.loc[steered.index]).any(), f"{arm} left every completion as the baseline's"
+        assert len(ids[arm]) == 12 and f" {arm} " in out, arm
+    assert {(r["arm"], r["config_id"]) for r in job_records(sweep)} == set(ids.items())
+    return ids, table

@@ -14,48 +14,22 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from app_helpers import job_records, sweep_dir
+from app_helpers import SMALL, check_arms_beside_baseline, sweep_dir, write_arms
 
-SMALL = ["suite.limit=1", "suite.generate_overrides.max_tokens=8", "logger=none", "progress=false"]
 AMATEUR = "steer_hydra:tiny?seed=1&hidden_size=32"
 CHOICES = ["yes", "no", "maybe"]
 
 
-def _arms(root: Path, arms: dict[str, str]) -> str:
-    """Write `{name: controls YAML}` as arm files under `root/arm`; returns the search-path override."""
-    folder = root / "user_conf" / "arm"
-    folder.mkdir(parents=True)
-    for name, body in arms.items():
-        (folder / f"{name}.yaml").write_text(f"# @package arm\n{body}\nname: {name}\n")
-    return f"hydra.searchpath=[file://{root / 'user_conf'}]"
-
-
-def _check(folder: Path, arms: list[str], out: str) -> dict[str, str]:
-    """Each arm changed some completion against the baseline's on the same sample, and the results table (the file and
-    the printed one) names every arm, the file with their config ids; returns `{arm: config id}`."""
-    samples = pd.read_csv(folder / "samples.csv")
-    keys = ["task", "sample_id", "trial_id"]
-    base = samples[samples["arm"] == "baseline"].drop_duplicates(keys).set_index(keys)["completion"]
-    table = pd.read_csv(folder / "results_table.csv")
-    ids = dict(zip(table["arm"], table["config_id"], strict=False))
-    assert set(ids) == {"baseline", *arms} and ids["baseline"] == "baseline"
-    assert " baseline " in out
-    for arm in arms:
-        steered = samples[samples["arm"] == arm].drop_duplicates(keys).set_index(keys)["completion"]
-        assert len(steered) > 0 and set(steered.index) == set(base.index), arm
-        assert (steered != base.loc[steered.index]).any(), f"{arm} left every completion as the baseline's"
-        assert len(ids[arm]) == 12 and table.loc[table["arm"] == arm, "changed"].max() > 0, arm
-        assert f" {arm} " in out, arm
-    return ids
-
-
 def _sweep(run_main, tmp_path: Path, model: str, search: str, arms: list[str]) -> pd.DataFrame:
-    """Run the baseline and `arms` as one sweep and check it (`_check`); returns the sweep's samples."""
+    """Run the baseline and `arms` as one sweep and check it (`check_arms_beside_baseline`, and the printed table's
+    baseline row and every arm's share of changed completions); returns the sweep's samples."""
     code, out, err = run_main("--multirun", f"model={model}", search, f"arm=baseline,{','.join(arms)}", *SMALL)
     assert code == 0, err[-3000:]
     sweep = sweep_dir(tmp_path)
-    ids = _check(sweep / "aggregate", arms, out)
-    assert {(r["arm"], r["config_id"]) for r in job_records(sweep)} == set(ids.items())
+    ids, table = check_arms_beside_baseline(sweep, arms, out)
+    assert ids["baseline"] == "baseline" and " baseline " in out
+    for arm in arms:
+        assert table.loc[table["arm"] == arm, "changed"].max() > 0, arm
     return pd.read_csv(sweep / "aggregate" / "samples.csv")
 
 
@@ -71,7 +45,7 @@ def test_state_structural_and_output_controls_on_smollm2_change_completions(run_
     config = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
     get_peft_model(model, config).save_pretrained(str(adapter))
     del model
-    search = _arms(
+    search = write_arms(
         tmp_path,
         {
             "lora": f"defaults:\n  - /control@controls.lora: lora_adapter\ncontrols:\n  lora: {{adapter: '{adapter}'}}",
@@ -88,7 +62,7 @@ def test_state_structural_and_output_controls_on_smollm2_change_completions(run_
 
 @pytest.mark.slow
 def test_output_controls_with_a_second_model_on_tiny_change_completions(run_main, tmp_path):
-    search = _arms(
+    search = write_arms(
         tmp_path,
         {
             "contrastive": f"defaults:\n  - /control@controls.cd: contrastive_decoding\n"

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pandas as pd
 import pytest
-from app_helpers import job_records, sweep_dir
+from app_helpers import SMALL, check_arms_beside_baseline, sweep_dir, write_arms
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from hydra.utils import instantiate
@@ -20,20 +19,14 @@ from steer_hydra.controls.state import CAST, ITI, ActivationAdapter, AngularStee
 from steer_hydra.study.plan import StudyPlan
 from steer_hydra.tasks.concepts import concept_pairs
 
-SMALL = ["suite.limit=1", "suite.generate_overrides.max_tokens=8", "logger=none", "progress=false"]
 ARMS = ["iti", "cast_open", "angular_steering", "activation_adapter"]
 
 
 def _cast_arm(root: Path) -> str:
     """A CAST arm whose gate is open for every prompt (threshold 0 with '>': a similarity is >= 0), so the one sample
     per task surely differs from the baseline's (the gating itself is tested in tests/controls/state/test_cast.py)."""
-    folder = root / "user_conf" / "arm"
-    folder.mkdir(parents=True)
-    (folder / "cast_open.yaml").write_text(
-        "# @package arm\ndefaults:\n  - /control@controls.cast: cast\n"
-        "controls:\n  cast: {threshold: 0.0, comparison: '>'}\nname: cast_open\n"
-    )
-    return f"hydra.searchpath=[file://{root / 'user_conf'}]"
+    body = "defaults:\n  - /control@controls.cast: cast\ncontrols:\n  cast: {threshold: 0.0, comparison: '>'}"
+    return write_arms(root, {"cast_open": body})
 
 
 @pytest.mark.slow
@@ -41,19 +34,7 @@ def test_each_new_state_control_runs_in_one_sweep_beside_the_baseline_on_tiny(ru
     search = _cast_arm(tmp_path)
     code, out, err = run_main("--multirun", "model=tiny", search, f"arm=baseline,{','.join(ARMS)}", *SMALL)
     assert code == 0, err[-3000:]
-    sweep = sweep_dir(tmp_path)
-    samples = pd.read_csv(sweep / "aggregate" / "samples.csv")
-    keys = ["task", "sample_id", "trial_id"]
-    base = samples[samples["arm"] == "baseline"].drop_duplicates(keys).set_index(keys)["completion"]
-    table = pd.read_csv(sweep / "aggregate" / "results_table.csv")
-    ids = dict(zip(table["arm"], table["config_id"], strict=False))
-    assert set(ids) == {"baseline", *ARMS}
-    for arm in ARMS:
-        steered = samples[samples["arm"] == arm].drop_duplicates(keys).set_index(keys)["completion"]
-        assert len(steered) > 0 and set(steered.index) == set(base.index), arm
-        assert (steered != base.loc[steered.index]).any(), f"{arm} left every completion as the baseline's"
-        assert len(ids[arm]) == 12 and f" {arm} " in out, arm
-    assert {(r["arm"], r["config_id"]) for r in job_records(sweep)} == set(ids.items())
+    check_arms_beside_baseline(sweep_dir(tmp_path), ARMS, out)
 
 
 def _plain(value):

@@ -8,15 +8,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pandas as pd
 import pytest
-from app_helpers import job_records, sweep_dir
+from app_helpers import SMALL, check_arms_beside_baseline, job_records, sweep_dir, write_arms
 
 pytest.importorskip("trl")
 pytest.importorskip("mergekit")
 pytest.importorskip("gepa")
 
-SMALL = ["suite.limit=1", "suite.generate_overrides.max_tokens=8", "logger=none", "progress=false"]
 TRAIN_STEPS = "max_steps: 2, learning_rate: 0.01, save_steps: 100"
 OPTIMIZE = "max_new_tokens: 6, proposal_tokens: 8"
 
@@ -32,6 +30,8 @@ def _arms(root: Path, data: Path, rows: Path) -> tuple[str, dict[str, str]]:
         f"controls:\n  sft: {{data: '{data}', {TRAIN_STEPS}}}",
         "dpo": "defaults:\n  - /control@controls.dpo: dpo_adapter\n"
         f"controls:\n  dpo: {{data: '{data}', {TRAIN_STEPS}}}",
+        "reft": "defaults:\n  - /control@controls.reft: loreft\n"
+        f"controls:\n  reft: {{data: '{data}', epochs: 5, learning_rate: 0.01}}",
         "prewrite": "defaults:\n  - /control@controls.opt: prewrite\n"
         f"controls:\n  opt: {{data: '{rows}', rl_steps: 1, num_generations: 2, reward_rows: 1, num_rewrites: 1, "
         f"{OPTIMIZE}}}",
@@ -40,17 +40,13 @@ def _arms(root: Path, data: Path, rows: Path) -> tuple[str, dict[str, str]]:
         "gepa": f"defaults:\n  - /control@controls.opt: gepa\ncontrols:\n  opt: {{data: '{rows}', max_metric_calls: 6, "
         f"minibatch_size: 1, {OPTIMIZE}}}",
     }
-    folder = root / "user_conf" / "arm"
-    folder.mkdir(parents=True)
-    for name, body in arms.items():
-        (folder / f"{name}.yaml").write_text(f"# @package arm\n{body}\nname: {name}\n")
-    return f"hydra.searchpath=[file://{root / 'user_conf'}]", arms
+    return write_arms(root, arms), arms
 
 
 def _cache_entries(cache: Path) -> dict[str, set[str]]:
     return {
         kind: {p.name for p in (cache / kind).iterdir() if not p.name.startswith(".")}
-        for kind in ("adapters", "merges", "prompts")
+        for kind in ("adapters", "merges", "prompts", "reft")
         if (cache / kind).is_dir()
     }
 
@@ -77,22 +73,11 @@ def test_every_new_control_runs_in_a_sweep_beside_the_baseline_and_reuses_its_ca
     code, out, err = run_main("--multirun", "model=tiny", search, f"arm=baseline,{','.join(names)}", *SMALL)
     assert code == 0, err[-3000:]
     sweep = sweep_dir(tmp_path)
-    samples = pd.read_csv(sweep / "aggregate" / "samples.csv")
-    keys = ["task", "sample_id", "trial_id"]
-    base = samples[samples["arm"] == "baseline"].drop_duplicates(keys).set_index(keys)["completion"]
-    table = pd.read_csv(sweep / "aggregate" / "results_table.csv")
-    ids = dict(zip(table["arm"], table["config_id"], strict=False))
-    assert set(ids) == {"baseline", *names}
-    for arm in names:
-        steered = samples[samples["arm"] == arm].drop_duplicates(keys).set_index(keys)["completion"]
-        assert len(steered) > 0 and set(steered.index) == set(base.index), arm
-        assert (steered != base.loc[steered.index]).any(), f"{arm} left every completion as the baseline's"
-        assert len(ids[arm]) == 12 and f" {arm} " in out, arm
-    records = job_records(sweep)
-    assert {(r["arm"], r["config_id"]) for r in records} == set(ids.items())
+    ids, _ = check_arms_beside_baseline(sweep, names, out)
     cache = Path(os.environ["STEER_HYDRA_CACHE"])
     built = _cache_entries(cache)
     assert len(built["adapters"]) >= 2 and len(built["merges"]) >= 1 and len(built["prompts"]) >= 3
+    assert len(built["reft"]) >= 1
 
     # the same arms again into a new sweep (a new save_dir): every artifact comes from the cache
     for path in (tmp_path / "outputs").iterdir():
