@@ -24,8 +24,8 @@ register_configs()
 def app(cfg: DictConfig) -> float:
     """Compose, evaluate one arm on one suite into the shared save_dir, track; return the headline metric."""
     from steer_hydra.app.job import run_job
-    from steer_hydra.app.plan import ConfigError
     from steer_hydra.app.preflight import preflight
+    from steer_hydra.core.errors import ConfigError
     from steer_hydra.evaluation.runner import UnsupportedConfigurationError
 
     try:

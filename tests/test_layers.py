@@ -1,6 +1,7 @@
-"""The package's layering, read from its imports: `plugins > app > study > tasks > evaluation > analysis >
-{controls, backends} > core`, where `plugins` is the Hydra plugin package `hydra_plugins/` beside `steer_hydra/` (Hydra
-imports it; nothing in `steer_hydra` may).
+"""The package's layering, read from its imports: `plugins > app > study > tasks > evaluation > analysis > store >
+core`, with `controls` and `backends` (which only the app imports) above `core`; `plugins` is the Hydra plugin
+package `hydra_plugins/` beside `steer_hydra/` (Hydra imports it; nothing in `steer_hydra` may). Inside a layer,
+modules import each other without a circle.
 
 Every `import` and `from ... import` in `steer_hydra/` (module level and inside functions) is parsed with `ast`,
 and so is every string that names a module (`"steer_hydra.backends.huggingface:HFBackend"`, what `importlib`
@@ -27,17 +28,20 @@ ALLOWED: dict[str, frozenset[str]] = {
     "models": frozenset(),
     "controls": frozenset({"core"}),
     "backends": frozenset({"core", "models"}),
-    "analysis": frozenset({"core"}),
-    "evaluation": frozenset({"analysis", "core"}),
+    "store": frozenset({"core"}),
+    "analysis": frozenset({"store", "core"}),
+    "evaluation": frozenset({"analysis", "store", "core"}),
     "tasks": frozenset({"evaluation", "core"}),
-    "study": frozenset({"tasks", "evaluation", "analysis", "core"}),
-    "app": frozenset({"study", "tasks", "evaluation", "analysis", "controls", "backends", "core", "models", "conf"}),
+    "study": frozenset({"tasks", "evaluation", "analysis", "store", "core"}),
+    "app": frozenset(
+        {"study", "tasks", "evaluation", "analysis", "store", "controls", "backends", "core", "models", "conf"}
+    ),
     "conf": frozenset(),
-    "testing": frozenset({"tasks", "evaluation", "analysis", "controls", "backends", "core", "models"}),
+    "testing": frozenset({"tasks", "evaluation", "analysis", "store", "controls", "backends", "core", "models"}),
 }
 PLUGINS = "hydra_plugins"  # the Hydra plugin package: the top layer, importing the app and the study
 ALLOWED[PLUGINS] = frozenset(
-    {"app", "study", "tasks", "evaluation", "analysis", "controls", "backends", "core", "models", "conf"}
+    {"app", "study", "tasks", "evaluation", "analysis", "store", "controls", "backends", "core", "models", "conf"}
 )
 PLUGINS_ROOT = ROOT.parent / PLUGINS
 # modules at the package root belong to the app layer (entry points, the package's own re-exports)
@@ -108,6 +112,85 @@ def upward_edges(root: Path) -> list[str]:
                 f"{source} may import {allowed}"
             )
     return problems
+
+
+def _module_file(dotted: str, package_root: Path) -> Path | None:
+    """The file of a dotted `steer_hydra...` module (a package's `__init__.py`), None outside the package."""
+    parts = dotted.split(".")
+    if parts[0] != PACKAGE:
+        return None
+    base = package_root.joinpath(*parts[1:])
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def import_circles(root: Path) -> list[list[str]]:
+    """Circles of imports (module level or inside functions) among the modules of one layer, each as the sorted
+    module paths of a strongly connected component; a package's `__init__.py` re-exporting its modules is left out
+    (it imports them, they never need it)."""
+    graph: dict[Path, set[Path]] = {}
+    for path in sorted(root.rglob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        edges = graph.setdefault(path, set())
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                targets = [f"{node.module}.{alias.name}" for alias in node.names] + [node.module]
+            for dotted in targets:
+                target = _module_file(dotted, root)
+                if target is None or target.name == "__init__.py" or target == path:
+                    continue
+                if layer_of(target, root) == layer_of(path, root):
+                    edges.add(target)
+                    break  # `from a.b import c`: the submodule when it is one, else the module
+    index: dict[Path, int] = {}
+    low: dict[Path, int] = {}
+    stack: list[Path] = []
+    circles: list[list[str]] = []
+
+    def visit(node: Path) -> None:  # Tarjan's strongly connected components
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in graph.get(node, ()):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member.relative_to(root).as_posix())
+                if member == node:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return sorted(circles)
+
+
+def test_no_import_circle_inside_a_layer():
+    assert import_circles(ROOT) == []
+
+
+def test_the_circle_checker_finds_a_circle_through_a_function_level_import(tmp_path):
+    files = {
+        "app/judge.py": "from steer_hydra.app import schema\n",
+        "app/schema.py": "def f():\n    from steer_hydra.app.plan import ConfigError\n",
+        "app/plan.py": "from steer_hydra.app.judge import check\nfrom steer_hydra.core import x\n",
+        "app/job.py": "from steer_hydra.app.plan import JobPlan\n",
+        "core/x.py": "",
+    }
+    assert import_circles(_tree(tmp_path, files)) == [["app/judge.py", "app/plan.py", "app/schema.py"]]
 
 
 def test_every_subpackage_has_a_layer():

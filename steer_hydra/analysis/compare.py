@@ -27,7 +27,7 @@ from steer_hydra.analysis.stats import paired_deltas
 from steer_hydra.analysis.table import SPREAD_METRICS, results_table
 from steer_hydra.core.files import write_csv
 
-TEXT_COLUMNS = ("input", "completion")
+TEXT_COLUMNS = ("input", "completion", "target", "error")  # per-sample text that is never a score
 
 
 @dataclass(frozen=True)
@@ -99,18 +99,39 @@ def _selected(frame: pd.DataFrame, selection: CellSelection) -> pd.DataFrame:
     return frame[keep].reset_index(drop=True)
 
 
+def cell_samples(
+    save_dir: str | Path,
+    *,
+    config_ids: Collection[str],
+    suites: Collection[str],
+    trial_ids: Collection[int] | None = None,
+    names: Mapping[str, str] | None = None,
+    seed: Any = None,
+) -> tuple[pd.DataFrame, list[pd.DataFrame]]:
+    """The cells of `config_ids` x `suites` (x `trial_ids`, None: every trial) in a save_dir, as a cells frame, and
+    their per-(suite, task) sample frames with every scorer: the one way a job, a sweep, a rescore and the study
+    read samples."""
+    cells = cells_from_logs(save_dir, names, seed=seed, config_ids=config_ids)
+    keep = cells["suite"].isin(list(suites)) if not cells.empty else []
+    if trial_ids is not None and not cells.empty:
+        keep &= cells["trial_id"].isin(list(trial_ids))
+    cells = cells[keep].reset_index(drop=True) if not cells.empty else cells
+    return cells, ([f for f in task_samples(cells, Path(save_dir)) if not f.empty] if not cells.empty else [])
+
+
 def compare(selection: CellSelection) -> Comparison:
     """Read the selected cells' metrics and samples, pair every configuration with the baseline per task."""
     cells_by_dir, results, by_task = [], [], {}
     for seed, save_dir in selection.save_dirs.items():
         names = {**arm_names(save_dir), **selection.names}
-        read = {"seed": seed, "config_ids": selection.config_ids}
-        cells = _selected(cells_from_logs(save_dir, names, **read), selection)
+        read = {"config_ids": selection.config_ids, "suites": [selection.suite], "trial_ids": selection.trial_ids}
+        cells, samples = cell_samples(save_dir, names=names, seed=seed, **read)
         if cells.empty:
             continue
         cells_by_dir.append((save_dir, cells))
-        results.append(_selected(results_from_logs(save_dir, names, **read), selection))
-        for frame in task_samples(cells, save_dir):
+        found = results_from_logs(save_dir, names, seed=seed, config_ids=selection.config_ids)
+        results.append(_selected(found, selection))
+        for frame in samples:
             frame = frame.assign(model=selection.model)
             by_task.setdefault((frame["suite"].iloc[0], frame["task"].iloc[0]), []).append(frame)
     results_frame = pd.concat(results, ignore_index=True) if results else pd.DataFrame(columns=["suite", "task"])
@@ -135,7 +156,7 @@ def _deltas(frame: pd.DataFrame, baseline_config_id: str) -> pd.DataFrame:
     """Paired deltas of one task's sample frame on its numeric score columns (empty without a baseline)."""
     if frame.empty or frame["config_id"].nunique() < 2 or not (frame["config_id"] == baseline_config_id).any():
         return pd.DataFrame()
-    scores = [c for c in score_columns(frame) if _numeric(frame[c])]
+    scores = numeric_score_columns(frame)
     return paired_deltas(frame, scores, baseline=baseline_config_id) if scores else pd.DataFrame()
 
 
@@ -149,9 +170,15 @@ def _tasks_without_baseline(results: pd.DataFrame, baseline_config_id: str) -> l
     return sorted(f"{r.suite}/{r.task}" for r in missing[missing["_merge"] == "left_only"].itertuples(index=False))
 
 
-def score_columns(frame: pd.DataFrame) -> list[str]:
-    """The score columns of a samples frame (everything that is not an id or text column)."""
-    return [c for c in frame.columns if c not in (*SAMPLE_ID_COLUMNS, *TEXT_COLUMNS, "model")]
+def score_columns(frame: pd.DataFrame, *, labels: Collection[str] = ()) -> list[str]:
+    """The score columns of a samples frame: every column but the ids, the text and the `labels` a caller added
+    (the one rule for which columns are scores)."""
+    return [c for c in frame.columns if c not in (*SAMPLE_ID_COLUMNS, *TEXT_COLUMNS, "model", *labels)]
+
+
+def numeric_score_columns(frame: pd.DataFrame, *, labels: Collection[str] = ()) -> list[str]:
+    """The score columns (`score_columns`) whose present values are all numbers: what paired statistics compare."""
+    return [c for c in score_columns(frame, labels=labels) if _numeric(frame[c])]
 
 
 def _numeric(values: pd.Series) -> bool:

@@ -8,7 +8,8 @@ rebuilt from the logs, and the configuration records (`config_records`, `arm_nam
 - `task_samples`: one samples frame per (suite, task) of some cells, every scorer (what the job, the sweep and
   the study read);
 - `failed_samples`: the samples whose generation or scoring failed, with their first error line;
-- `results_from_logs` / `cells_from_logs`: the results and cells frames rebuilt from a `save_dir` alone, for all
+- `results_from_logs` / `cells_from_logs`: the results and cells frames rebuilt from a `save_dir` alone (walked
+  through `store.SaveDir`, the owner of its layout), for all
   configurations or the given `config_ids` (the `success` log per task wins; superseded partial logs of an
   interrupted run are ignored);
 - `task_result`: one task's result from its log header (metrics, scored and failed counts, location): the form
@@ -21,8 +22,8 @@ rebuilt from the logs, and the configuration records (`config_records`, `arm_nam
   log with invalidated samples is never read as a cell's result (Inspect's `eval_set` evaluates them again);
 - left-out samples (`LEFT_OUT_KEY`): samples a suite could not hand to Inspect (text that is not valid UTF-8) are
   recorded in the header metadata of the task's log and counted as failed, like samples whose generation failed.
-- `config_records`: `save_dir/configs/<config_id>.json`, one record per configuration a job evaluated there (its
-  arm name and canonical controls); `arm_names` maps config_id to arm.
+- `config_records`: one record per configuration a job evaluated in the save_dir (its arm name and canonical
+  controls); `arm_names` maps config_id to arm.
 
 Columns follow `frames.RUN_ID_COLUMNS`. Inspect is imported lazily (only when logs are read).
 """
@@ -50,12 +51,11 @@ from steer_hydra.analysis.frames import (
     cells_frame,
     results_frame,
 )
-from steer_hydra.core.files import read_json
 from steer_hydra.core.identity import derive_trial_seed
+from steer_hydra.store import SaveDir
 
 logger = logging.getLogger(__name__)
 
-CONFIGS_DIR = "configs"  # save_dir/configs/<config_id>.json: the configuration records
 UNREADABLE_SUFFIX = ".unreadable"  # an unreadable log renamed `<name>.eval.unreadable`: Inspect no longer lists it
 LEFT_OUT_KEY = "left_out_samples"  # log header metadata: {task: [{"id": sample id, "error": why}]}
 EVALUATED_AGAIN = "its cell is evaluated again."
@@ -379,34 +379,28 @@ def _finished_logs(log_dir: Path) -> dict[str, tuple[str, Any]]:
 def _records_from_logs(
     save_dir: Path, names: Mapping[str, str] | None, seed: int | None, config_ids: Iterable[str] | None
 ) -> dict[str, list[dict[str, Any]]]:
-    root = save_dir / "inspect_logs"
-    names = arm_names(save_dir) if names is None else names
-    wanted = None if config_ids is None else set(config_ids)
+    store = SaveDir(save_dir)
+    names = store.arm_names() if names is None else names
+    by_run: dict[tuple[str, int], dict[str, dict[str, Any]]] = {}
+    for logged in store.logged_cells(config_ids):
+        tasks: dict[str, Any] = {}
+        suite_dir = logged.log_dir
+        for log_dir in [suite_dir, *sorted(p for p in suite_dir.iterdir() if p.is_dir())]:
+            for task, (location, header) in _finished_logs(log_dir).items():
+                tasks[task] = task_result(header, location, store.root)
+        if tasks:
+            by_run.setdefault((logged.cell.config_id, logged.cell.trial_id), {})[logged.cell.suite] = tasks
     records: dict[str, list[dict[str, Any]]] = {}
-    for config_dir in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
-        if wanted is not None and config_dir.name not in wanted:
-            continue
-        for trial_dir in sorted(p for p in config_dir.iterdir() if p.is_dir() and p.name.startswith("trial_")):
-            trial = int(trial_dir.name.removeprefix("trial_"))
-            suites: dict[str, dict[str, Any]] = {}
-            for suite_dir in sorted(p for p in trial_dir.iterdir() if p.is_dir()):
-                tasks: dict[str, Any] = {}
-                for log_dir in [suite_dir, *sorted(p for p in suite_dir.iterdir() if p.is_dir())]:
-                    for task, (location, header) in _finished_logs(log_dir).items():
-                        tasks[task] = task_result(header, location, save_dir)
-                if tasks:
-                    suites[suite_dir.name] = tasks
-            if suites:
-                name = names.get(config_dir.name, config_dir.name)
-                records.setdefault(name, []).append(
-                    {
-                        "config_id": config_dir.name,
-                        "trial_id": trial,
-                        "seed": seed,
-                        "trial_seed": None if seed is None else derive_trial_seed(seed, config_dir.name, trial),
-                        "suites": suites,
-                    }
-                )
+    for (config_id, trial), suites in by_run.items():
+        records.setdefault(names.get(config_id, config_id), []).append(
+            {
+                "config_id": config_id,
+                "trial_id": trial,
+                "seed": seed,
+                "trial_seed": None if seed is None else derive_trial_seed(seed, config_id, trial),
+                "suites": suites,
+            }
+        )
     return records
 
 
@@ -440,18 +434,13 @@ def cells_from_logs(
 
 
 def config_records(save_dir: str | Path) -> dict[str, dict[str, Any]]:
-    """`{config_id: record}` of `save_dir/configs/*.json` (`arm`, `arm_name`, `config_id`, `controls`)."""
-    folder = Path(save_dir) / CONFIGS_DIR
-    records = {}
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        record = read_json(path)
-        records[record["config_id"]] = record
-    return records
+    """`{config_id: record}` of the save_dir's configuration records (`arm`, `arm_name`, `config_id`, `controls`)."""
+    return SaveDir(save_dir).config_records()
 
 
 def arm_names(save_dir: str | Path) -> dict[str, str]:
     """`{config_id: arm}` of every configuration recorded in `save_dir` (`config_records`)."""
-    return {config_id: record["arm"] for config_id, record in config_records(save_dir).items()}
+    return SaveDir(save_dir).arm_names()
 
 
 def task_result(log: Any, location: str | None, root: str | Path) -> dict[str, Any]:

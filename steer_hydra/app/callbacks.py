@@ -28,13 +28,13 @@ import pandas as pd
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from steer_hydra.analysis.compare import CellSelection, Comparison, compare, write_files
-from steer_hydra.app.job import JOB_RECORD, sweep_id_of
-from steer_hydra.app.plan import to_plain
+from steer_hydra.analysis.compare import Comparison, compare, write_files
+from steer_hydra.app.job import sweep_id_of
+from steer_hydra.app.records import JOB_RECORD, JobRecord, cells_of
 from steer_hydra.app.report import print_report, report_text, table_title
 from steer_hydra.app.results import delta_summary, summary_metrics, track
-from steer_hydra.app.secrets import redact, redact_overrides
-from steer_hydra.app.tracking import Tracker, wandb_key
+from steer_hydra.app.secrets import redact_overrides
+from steer_hydra.app.tracking import wandb_key, wandb_run
 from steer_hydra.core.files import read_json, write_csv, write_json
 from steer_hydra.study import LAUNCHED_FILE
 
@@ -44,14 +44,15 @@ AGGREGATE_DIR = "aggregate"
 MISSING_FILE = "missing_cells.json"
 
 
-def all_job_records(sweep_dir: Path) -> list[dict[str, Any]]:
+def all_job_records(sweep_dir: Path) -> list[JobRecord]:
     """Every job record under `sweep_dir/*/`, oldest first (two jobs may have evaluated the same cell)."""
-    return [read_json(p) for p in sorted(sweep_dir.glob(f"*/{JOB_RECORD}"), key=lambda p: p.stat().st_mtime)]
+    paths = sorted(sweep_dir.glob(f"*/{JOB_RECORD}"), key=lambda p: p.stat().st_mtime)
+    return [JobRecord.read(path.parent) for path in paths]
 
 
-def job_records(sweep_dir: Path) -> list[dict[str, Any]]:
+def job_records(sweep_dir: Path) -> list[JobRecord]:
     """The job records under `sweep_dir/*/`, one per (model, suite, seed, config_id): a re-run's newest wins."""
-    records = {(r["model"], r["suite"], str(r["seed"]), r["config_id"]): r for r in all_job_records(sweep_dir)}
+    records = {(r.model, r.suite, str(r.seed), r.config_id): r for r in all_job_records(sweep_dir)}
     return list(records.values())
 
 
@@ -78,11 +79,11 @@ def expected_jobs(config: DictConfig, sweep_dir: Path | None = None) -> list[lis
     return [list(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
 
 
-def missing_jobs(config: DictConfig, records: Sequence[Mapping[str, Any]], sweep_dir: Path) -> list[dict[str, Any]]:
+def missing_jobs(config: DictConfig, records: Sequence[JobRecord], sweep_dir: Path) -> list[dict[str, Any]]:
     """The sweep's jobs that left no record among `records` (every record: jobs that evaluated the same cell, e.g. a
     study's baseline on a cost suite for each concept, each count), each with the command that completes it into
     this sweep directory."""
-    finished = {frozenset(redact_overrides(r.get("overrides") or [])) for r in records}
+    finished = {frozenset(redact_overrides(r.overrides)) for r in records}
     searchpath = [
         o for o in OmegaConf.select(config, "hydra.overrides.hydra") or [] if o.startswith("hydra.searchpath")
     ]
@@ -96,7 +97,7 @@ def missing_jobs(config: DictConfig, records: Sequence[Mapping[str, Any]], sweep
     return missing
 
 
-def aggregate_sweep(records: Sequence[dict[str, Any]], out_dir: Path) -> dict[str, Any]:
+def aggregate_sweep(records: Sequence[JobRecord], out_dir: Path) -> dict[str, Any]:
     """Paired deltas of each of the sweep's configurations vs the baseline per (model, suite), pooling seeds.
 
     Only the records' configurations, their trials and their baseline (`baseline_config_id`) are read from the
@@ -104,23 +105,14 @@ def aggregate_sweep(records: Sequence[dict[str, Any]], out_dir: Path) -> dict[st
     `paired_deltas.csv`, `results_table.csv`, plots) and `summary.csv` (each metric's mean, std and runs over the
     sweep's seeds and trials); returns the paths, the comparison and the summary.
     """
-    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, str, str], list[JobRecord]] = {}
     for record in records:
-        key = (record["model"], record["suite"], record.get("baseline_config_id", "baseline"))
-        groups.setdefault(key, []).append(record)
+        groups.setdefault((record.model, record.suite, record.baseline_config_id), []).append(record)
     parts = []
     for (model, suite, baseline_id), group in sorted(groups.items()):
-        selection = CellSelection(
-            save_dirs={r["seed"]: Path(r["save_dir"]) for r in group},
-            config_ids=[r["config_id"] for r in group],
-            baseline_config_id=baseline_id,
-            suite=suite,
-            model=model,
-            trial_ids=sorted({t for r in group for t in r.get("trial_ids", [0])}),
-            names={r["config_id"]: r["arm"] for r in group},
-        )
+        selection = cells_of(group)
         part = compare(selection)
-        if part.deltas.empty and any(r["config_id"] != baseline_id for r in group):
+        if part.deltas.empty and any(r.config_id != baseline_id for r in group):
             logger.warning(
                 "Sweep aggregate: no baseline (config_id %s) evaluated for model %s, suite %s in %s; run it once "
                 "(arm=baseline) to get paired deltas.",
@@ -166,10 +158,7 @@ def aggregate_sweep_dir(sweep_dir: str | Path, config: DictConfig, *, track: boo
         return None
     out = aggregate_sweep(records, out_dir)
     out["missing"] = missing
-    logger_cfg = to_plain(OmegaConf.select(config, "logger") or {"kind": "none"})
-    notes = []
-    if track and logger_cfg.get("kind") != "none":
-        notes = _track(config, logger_cfg, out_dir, records, out)
+    notes = _track(config, out_dir, records, out) if track else []
     if missing:
         notes.append(f"{len(missing)} job(s) missing: see {out_dir / MISSING_FILE}")
     table = out["comparison"].table
@@ -189,9 +178,7 @@ def sweep_summary(comparison: Comparison, model: str, config_id: str) -> dict[st
     return out
 
 
-def _track(
-    config: DictConfig, logger_cfg: dict, out_dir: Path, records: Sequence[Mapping], out: Mapping[str, Any]
-) -> list[str]:
+def _track(config: DictConfig, out_dir: Path, records: Sequence[JobRecord], out: Mapping[str, Any]) -> list[str]:
     """One W&B summary run per (model, configuration) of the sweep, with the same keys as a job run of that
     configuration (pooled over seeds), the sweep's tables and plots, and the ids of the sweep's job runs.
     Returns where each run is (`Tracker.where`)."""
@@ -199,32 +186,30 @@ def _track(
     results = comparison.results
     sweep = sweep_id_of(config.hydra.sweep.dir) if OmegaConf.select(config, "hydra.sweep.dir") else None
     overrides = redact_overrides(list(OmegaConf.select(config, "hydra.overrides.task") or []))
-    job_run_ids = [r.get("wandb_run_id") for r in records if r.get("wandb_run_id")]
+    job_run_ids = [r.wandb_run_id for r in records if r.wandb_run_id]
     arms = results[["model", "arm", "config_id"]].drop_duplicates().itertuples(index=False) if len(results) else []
     where = []
     for model, arm, config_id in arms:
-        tracker = Tracker.from_logger(
-            logger_cfg,
+        run = wandb_run(
+            config,
             directory=out_dir / f"{model}-{config_id}",
             name=f"sweep-{arm}-{model}",
-            group=str(config.experiment_name),
             job_type="sweep_summary",
-            tags=["sweep_summary", arm, model, *map(str, config.tags)],
-            config=redact(
-                {
-                    "config_id": config_id,
-                    "sweep_id": sweep,
-                    "overrides": overrides,
-                    "arm": arm,
-                    "model": model,
-                    "baseline_arm": str(config.baseline_arm),
-                    "jobs": len(records),
-                    "missing_jobs": len(out["missing"]),
-                }
-            ),
-        ).start()
-        exit_code = 1
-        try:
+            tags=["sweep_summary", arm, model],
+            run_config={
+                "config_id": config_id,
+                "sweep_id": sweep,
+                "overrides": overrides,
+                "arm": arm,
+                "model": model,
+                "baseline_arm": str(config.baseline_arm),
+                "jobs": len(records),
+                "missing_jobs": len(out["missing"]),
+            },
+        )
+        with run as tracker:
+            if tracker is None:
+                return []
             tracker.summary(
                 {
                     "jobs": len(records),
@@ -238,9 +223,6 @@ def _track(
             track(tracker, comparison.table, comparison.deltas, out["paths"])
             tracker.table(wandb_key("tables", "summary"), out["summary"])
             where.append(tracker.where())
-            exit_code = 0
-        finally:
-            tracker.finish(exit_code)
     return [w for w in where if w]
 
 

@@ -53,27 +53,20 @@ def build_from_model_args(
 ) -> tuple[SteeringPipeline, ProviderOptions]:
     """Compose the app config with `key=value` overrides from `model_args` (the arm from `model_name` unless
     `-M arm` is given, see `arm_overrides`); return the steered pipeline."""
-    from hydra import compose, initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
 
+    from steer_hydra.app.compose import compose_config
     from steer_hydra.app.plan import JobPlan
-    from steer_hydra.app.schema import register_configs
 
-    register_configs()
     overrides = arm_overrides(model_args, model_name)
-    GlobalHydra.instance().clear()
     try:
-        with initialize_config_module(config_module="steer_hydra.conf", version_base="1.3"):
-            cfg = compose("config", overrides=overrides)
+        cfg = compose_config(overrides, standalone=True)
     except HydraException as error:
         reason = str(error).split("\nConfig search path")[0].replace("\n\t", " ").replace("\n", " ")
         raise ValueError(
             f"--model steer_hydra/{model_name} with {overrides}: {reason}. Fix: name an arm option of the `arm` "
             "group (--model steer_hydra/pasta) or pass -M arm=<option>; see python -m steer_hydra --help."
         ) from error
-    finally:
-        GlobalHydra.instance().clear()
     plan = JobPlan.from_config(cfg)
     pipeline = SteeringPipeline(plan.source, controls=plan.controls, backend=plan.backend)
     return pipeline.steer(), plan.options

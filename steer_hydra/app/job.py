@@ -28,18 +28,17 @@ import pandas as pd
 from omegaconf import DictConfig
 
 from steer_hydra.analysis.compare import compare, headline, write_files
+from steer_hydra.app.compose import to_plain
 from steer_hydra.app.console import job_console
-from steer_hydra.app.plan import JobPlan, to_plain
+from steer_hydra.app.plan import JobPlan
+from steer_hydra.app.records import JobRecord
 from steer_hydra.app.report import print_report, report_text, table_title
 from steer_hydra.app.results import delta_summary, summary_metrics, track
 from steer_hydra.app.secrets import Redactor, redact, redact_overrides
-from steer_hydra.app.tracking import Tracker, wandb_key
-from steer_hydra.core.files import write_json
+from steer_hydra.app.tracking import wandb_key, wandb_run
 from steer_hydra.evaluation.provider import redact_errors_with
 
 logger = logging.getLogger(__name__)
-
-JOB_RECORD = "job_record.json"
 
 
 def git_commit() -> str | None:
@@ -93,24 +92,6 @@ def placement() -> dict[str, Any]:
         where["ray_node_id"] = ray.get_runtime_context().get_node_id()
     where.update({name.lower(): os.environ[name] for name in SLURM_VARIABLES if name in os.environ})
     return where
-
-
-def make_tracker(cfg: DictConfig, plan: JobPlan, output_dir: Path) -> Tracker | None:
-    """The job's W&B run (None with `logger=none`): group = experiment, job_type = arm, tags, redacted config."""
-    logger_cfg = to_plain(cfg.logger)
-    if logger_cfg["kind"] == "none":
-        return None
-    tags = [plan.arm, plan.suite.name, plan.model["name"], plan.backend.kind, *map(str, cfg.tags)]
-    context = {"config_id": plan.config_id, "sweep_id": sweep_id(), "overrides": job_overrides()}
-    return Tracker.from_logger(
-        logger_cfg,
-        directory=output_dir,
-        name=f"{plan.arm}-{plan.model['name']}-{plan.suite.name}-seed{plan.seed}",
-        group=str(cfg.experiment_name),
-        job_type=plan.arm,
-        tags=tags,
-        config={**redact(to_plain(cfg)), **redact(context)},
-    )
 
 
 def sweep_id() -> str | None:
@@ -167,18 +148,22 @@ def _run_job(cfg: DictConfig, output_dir: Path) -> float:
     runner = plan.runner()
     runner.check_support()  # a control the backend cannot run is refused here, before W&B or any model starts
     freeze_long_lived_objects()
-    tracker = make_tracker(cfg, plan, output_dir)
+    run = wandb_run(
+        cfg,
+        directory=output_dir,
+        name=f"{plan.arm}-{plan.model['name']}-{plan.suite.name}-seed{plan.seed}",
+        job_type=plan.arm,
+        tags=[plan.arm, plan.suite.name, plan.model["name"], plan.backend.kind],
+        run_config={**to_plain(cfg), "config_id": plan.config_id, "sweep_id": sweep_id(), "overrides": job_overrides()},
+    )
     output_dir.mkdir(parents=True, exist_ok=True)
     logger.info("Job: arm %s [%s] on suite %s; logs under %s", plan.arm, plan.config_id, plan.suite.name, plan.save_dir)
-    exit_code = 1
-    try:
-        if tracker is not None:
-            tracker.start()
+    with run as tracker:
         try:
             records = runner.run()[plan.arm]
         finally:
             plan.release_claim()  # removes the claim when the job failed before any log of the suite exists
-        comparison = compare(plan.selection())
+        comparison = compare(plan.cells())
         files = write_files(comparison, output_dir, own_config_id=plan.config_id)
         own = comparison.results[comparison.results["config_id"] == plan.config_id]
         reused = bool(records) and all(r["provenance"].get("reused") for r in records)
@@ -196,32 +181,29 @@ def _run_job(cfg: DictConfig, output_dir: Path) -> float:
             }
         )
         metrics, objective = summary_metrics(own), headline(own)
-        write_json(
-            output_dir / JOB_RECORD,
-            {
-                "arm": plan.arm,
-                "arm_name": plan.arm_name,
-                "config_id": plan.config_id,
-                "baseline_config_id": plan.baseline_config_id,
-                "suite": plan.suite.name,
-                "model": plan.model["name"],
-                "seed": plan.seed,
-                "trial_ids": [r["trial_id"] for r in records],
-                "trial_seeds": [r["trial_seed"] for r in records],
-                "save_dir": str(plan.save_dir),
-                "overrides": job_overrides(),
-                "sweep_id": sweep_id(),
-                "wandb_run_id": tracker.run_id if tracker is not None else None,
-                "files": {name: str(path) for name, path in files.items()},
-                "results_reused": reused,
-                "tasks_without_baseline": missing_baseline,
-                "failed_samples": failures[["suite", "task", "trial_id", "sample_id", "error"]].to_dict("records"),
-                "metrics": metrics,
-                "provenance": provenance,
-                "memory_after_release": memory_report(),
-                "placement": placement(),
-            },
-        )
+        JobRecord(
+            arm=plan.arm,
+            arm_name=plan.arm_name,
+            config_id=plan.config_id,
+            baseline_config_id=plan.baseline_config_id,
+            suite=plan.suite.name,
+            model=plan.model["name"],
+            seed=plan.seed,
+            trial_ids=[r["trial_id"] for r in records],
+            trial_seeds=[r["trial_seed"] for r in records],
+            save_dir=str(plan.save_dir),
+            overrides=job_overrides(),
+            sweep_id=sweep_id(),
+            wandb_run_id=tracker.run_id if tracker is not None else None,
+            files={name: str(path) for name, path in files.items()},
+            results_reused=reused,
+            tasks_without_baseline=missing_baseline,
+            failed_samples=failures[["suite", "task", "trial_id", "sample_id", "error"]].to_dict("records"),
+            metrics=metrics,
+            provenance=provenance,
+            memory_after_release=memory_report(),
+            placement=placement(),
+        ).write(output_dir)
         if tracker is not None:
             tracker.config({"provenance": provenance})
             tracker.summary(
@@ -240,19 +222,15 @@ def _run_job(cfg: DictConfig, output_dir: Path) -> float:
             if cfg.logger.log_samples:
                 tracker.table(wandb_key("tables", "samples"), comparison.samples(plan.config_id))
             if cfg.logger.log_artifact:
-                log_dir = plan.save_dir / "inspect_logs" / plan.config_id
+                log_dir = plan.store.config_log_dir(plan.config_id)
                 tracker.artifact(f"inspect-logs-{plan.config_id}-{plan.suite.name}", "inspect-logs", log_dir)
-        exit_code = 0
         against = "" if plan.config_id == plan.baseline_config_id else f" vs {cfg.baseline_arm}"
         title = table_title(f"{plan.arm} [{plan.config_id}]{against}", comparison.table, {"seed": plan.seed})
         notes = [tracker.where() if tracker is not None else None]
         notes.append(f"Objective {objective:.4f}" + (" (every cell reused from the save_dir)" if reused else ""))
-        log_dir = plan.save_dir / "inspect_logs" / plan.config_id
+        log_dir = plan.store.config_log_dir(plan.config_id)
         print_report(report_text(comparison.table, title=title, files=files, log_dir=log_dir, notes=notes))
         return objective
-    finally:
-        if tracker is not None:
-            tracker.finish(exit_code)
 
 
 def _warn(plan: JobPlan, cfg: DictConfig, failures: pd.DataFrame, missing_baseline: list[str], files: dict) -> None:

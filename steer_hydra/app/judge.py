@@ -39,19 +39,12 @@ def model_options() -> list[str]:
 def model_group_config(option: str) -> dict[str, Any]:
     """The `model` group option `option` as a plain dict (composed under the running app's search path when there is
     one, so user groups count); ValueError naming the options when it does not compose."""
-    from hydra import compose, initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
-    from steer_hydra.app.schema import register_configs
+    from steer_hydra.app.compose import compose_config
 
-    register_configs()
     try:
-        if GlobalHydra.instance().is_initialized():
-            cfg = compose("config", overrides=[f"model={option}"])
-        else:
-            with initialize_config_module(config_module="steer_hydra.conf", version_base="1.3"):
-                cfg = compose("config", overrides=[f"model={option}"])
+        cfg = compose_config([f"model={option}"])
     except Exception as error:  # noqa: BLE001 - Hydra's errors for a missing option vary; say it in one line
         raise ValueError(
             f"judge={PREFIX}{option}: {option!r} is not an option of the model group ({type(error).__name__}). "

@@ -17,24 +17,21 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
-import json
 import os
 import re
-import socket
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from omegaconf import OmegaConf
 
-from steer_hydra.app.plan import ConfigError, to_plain
+from steer_hydra.app.compose import to_plain
 from steer_hydra.app.schema import dir_name_problem, writable_dir_problem
 from steer_hydra.app.secrets import is_secret_name
+from steer_hydra.core.backend import BackendSpec
+from steer_hydra.core.errors import ConfigError
 from steer_hydra.core.layout import CONTEXT_FIELDS, config_int
-
-HUB_TIMEOUT = 5.0  # seconds for one Hub lookup of a model id that is not cached locally
-CONNECT_TIMEOUT = 3.0  # seconds to reach a vllm_serve server's port
+from steer_hydra.models.checks import HUB_TIMEOUT, hub_offline, known_config, reference_problems
 
 # `generate_defaults` / `suite.generate_overrides` go to `eval_set(**settings)`: GenerateConfig fields plus
 # eval_set options. These eval_set parameters are set by the suite itself and cannot be overridden.
@@ -49,8 +46,6 @@ SUITE_RETRY_KEYS = ("retry_attempts", "retry_on_error")  # eval_set options the 
 EXTRA_FOR_PACKAGE = {"inspect_evals": "pip install 'steer_hydra[evals]' (the inspect-evals package)"}
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 _HEAD_KEYS = ("num_attention_heads", "n_head", "num_heads")
-SMOLLM2_SHAPE = {"num_hidden_layers": 30, "num_attention_heads": 9}  # steer_hydra:smollm2 (SmolLM2-135M-Instruct)
-_VLLM_DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 
 
 def preflight(cfg: Any) -> None:
@@ -166,8 +161,8 @@ def check_secrets(plain: Mapping[str, Any]) -> list[str]:
     for where in _secret_keys(plain.get("backend"), "backend"):
         problems.append(
             f"{where} holds a secret in the config, which is written to .hydra/, the protocol and W&B. Fix: "
-            "export the key in an environment variable and name it with backend.options.api_key_env=<VAR> "
-            "(default VLLM_API_KEY); remove the override."
+            "export the key in an environment variable and remove the override; a backend that sends a key names "
+            "its variable in its options (backend.options.api_key_env=<VAR>)."
         )
     for group in ("model", "provider", "suite", "generate_defaults"):
         for where in _secret_keys(plain.get(group), group):
@@ -335,183 +330,32 @@ def _kw(kwargs: Mapping[str, Any], name: str) -> list[tuple[str, Any]]:
 
 # ---------------------------------------------------------------------------------------------- backend
 def check_backend(plain: Mapping[str, Any]) -> list[str]:
-    """The backend's options validate, its extra is installed, and a server's port answers."""
+    """The backend's own checks of its options (`Backend.check_options`: they validate, its extra is installed, a
+    server answers); secret-named options are reported by `check_secrets` and left out here."""
     backend = plain.get("backend") or {}
-    kind = str(backend.get("kind"))
-    options = {k: v for k, v in (backend.get("options") or {}).items() if not is_secret_name(str(k))}  # see above
-    if kind == "vllm_serve":
-        from steer_hydra.backends.vllm.serve import ServeOptions
-
-        try:
-            settings = ServeOptions.from_mapping(options)
-        except ValueError as error:
-            return [f"backend.options: {error}"]
-        reason = _unreachable(settings.base_url)
-        if reason:
-            return [
-                f"backend.options.base_url={settings.base_url!r}: {reason}. Fix: start the server (vllm serve "
-                "MODEL) or point backend.options.base_url=http://HOST:PORT at a running one."
-            ]
-        return []
-    if kind == "vllm":
-        problems = []
-        if importlib.util.find_spec("vllm") is None:
-            problems.append(
-                "backend=vllm needs the vllm package, which is not installed. Fix: pip install "
-                "'steer_hydra[vllm]' (CUDA), or use backend=huggingface / backend=vllm_serve."
-            )
-        from steer_hydra.backends.vllm.steering import forced_v2_problem, forced_v2_runner
-
-        forced = forced_v2_runner()
-        if forced is not None:
-            problems.append(forced_v2_problem(forced))
-        dtype = options.get("dtype")
-        if dtype is not None and dtype not in _VLLM_DTYPES:
-            problems.append(f"backend.options.dtype={dtype!r} is not a vLLM dtype. Fix: one of {list(_VLLM_DTYPES)}.")
-        return problems
-    return []
-
-
-def _unreachable(base_url: str) -> str | None:
-    """Why nothing answers at `base_url`'s host and port (None when a TCP connection opens)."""
-    parsed = urlparse(base_url)
-    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    options = {k: v for k, v in (backend.get("options") or {}).items() if not is_secret_name(str(k))}
     try:
-        with socket.create_connection((parsed.hostname or "localhost", port), timeout=CONNECT_TIMEOUT):
-            return None
-    except OSError as error:
-        return f"nothing accepts connections there within {CONNECT_TIMEOUT:.0f}s ({type(error).__name__}: {error})"
+        spec = BackendSpec(kind=str(backend.get("kind")), options=options)
+    except ValueError as error:
+        return [f"backend: {error}"]
+    return spec.check_options()
 
 
 # ---------------------------------------------------------------------------------------------- model
-def _hub_offline() -> bool:
-    return any(
-        os.environ.get(v, "").upper() in ("1", "ON", "YES", "TRUE") for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-    )
-
-
-def _looks_local(ref: str) -> bool:
-    return ref.startswith(("/", "./", "../", "~", ".\\")) or ref.count("/") > 1 or "\\" in ref
-
-
 def check_model(plain: Mapping[str, Any]) -> list[str]:
     """The model reference resolves without loading: a built-in ref, an existing folder, or a known Hub id."""
     ref = _get(plain, "model.model_name_or_path")
     where = "model.model_name_or_path"
     if not isinstance(ref, str) or not ref:
         return [f"{where} is empty. Fix: model=<option> or {where}=<Hub id or local folder>."]
-    if ref.startswith("steer_hydra:"):
-        return _builtin_problems(ref, where)
-    path = Path(ref).expanduser()
-    if path.exists():
-        if path.is_dir() and not (path / "config.json").exists() and not list(path.glob("*.gguf")):
-            return [f"{where}={ref!r} is a folder without config.json. Fix: point it at a saved checkpoint folder."]
-        return []
-    if _looks_local(ref):
-        return [
-            f"{where}={ref!r}: no such local folder (resolved to {path.absolute()}). Fix: correct the path, "
-            "or give a Hugging Face Hub id like org/name."
-        ]
-    from huggingface_hub.errors import HFValidationError
-    from huggingface_hub.utils import validate_repo_id
-
-    try:
-        validate_repo_id(ref)
-    except HFValidationError as error:
-        return [f"{where}={ref!r} is neither a local folder nor a valid Hub id ({error}). Fix: correct it."]
-    if _cached_hub_file(ref, "config.json") is not None:
-        return []
-    if _hub_offline():
-        return [
-            f"{where}={ref!r} is not a local folder and not in the Hugging Face cache, and HF_HUB_OFFLINE=1 (or "
-            "TRANSFORMERS_OFFLINE=1) forbids "
-            "downloading it. Fix: download it once with network (hf download " + ref + "), unset HF_HUB_OFFLINE, "
-            "or point model.model_name_or_path at a local folder."
-        ]
-    return _hub_lookup(ref, where)
-
-
-def _builtin_problems(ref: str, where: str) -> list[str]:
-    from steer_hydra.models import BUILTIN_REFERENCES, is_smollm2_reference, is_tiny_reference
-    from steer_hydra.models.smollm2 import gguf_path
-    from steer_hydra.models.tiny import parse_tiny_reference
-
-    if is_tiny_reference(ref):
-        try:
-            parse_tiny_reference(ref)
-        except ValueError as error:
-            return [f"{where}={ref!r}: {error} Fix: model=tiny or model=tiny_base."]
-        return []
-    if is_smollm2_reference(ref):
-        try:
-            gguf_path()
-        except ImportError as error:
-            return [f"{where}={ref!r}: {error}"]
-        return []
-    return [
-        f"{where}={ref!r} is not a built-in model reference. Fix: one of {list(BUILTIN_REFERENCES)}, a Hub id "
-        "or a local folder."
-    ]
-
-
-def _cached_hub_file(repo_id: str, filename: str) -> str | None:
-    from huggingface_hub import try_to_load_from_cache
-
-    found = try_to_load_from_cache(repo_id, filename)
-    return found if isinstance(found, str) else None
-
-
-def _hub_lookup(ref: str, where: str) -> list[str]:
-    from huggingface_hub import HfApi
-    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
-
-    try:
-        HfApi().model_info(ref, timeout=HUB_TIMEOUT)
-    except GatedRepoError:
-        return [
-            f"{where}={ref!r} is gated on the Hub and this machine has no access. Fix: accept its license on the "
-            "Hub, then `hf auth login` or export HF_TOKEN."
-        ]
-    except RepositoryNotFoundError:
-        return [f"{where}={ref!r}: no such model on the Hub (or it is private). Fix: check the id, or log in."]
-    except Exception as error:  # network: unreachable, DNS, timeout
-        return [
-            f"{where}={ref!r} is not cached locally and the Hub did not answer within {HUB_TIMEOUT:.0f}s "
-            f"({type(error).__name__}). Fix: download it where there is network (hf download {ref}), or set "
-            "HF_HUB_OFFLINE=1 with a populated cache, or use a local folder."
-        ]
-    return []
+    return reference_problems(ref, where)
 
 
 def model_config(plain: Mapping[str, Any]) -> tuple[Mapping[str, Any], str] | None:
-    """`(config fields, model reference)` of the model when readable without loading it (no transformers import):
-    the built-in models' known shapes, `config.json` of a local folder or of a Hub id in the local cache."""
+    """`(config fields, model reference)` of the job's model when readable without loading it (`known_config`)."""
     ref = _get(plain, "model.model_name_or_path")
-    if not isinstance(ref, str) or not ref:
-        return None
-    config: Any = None
-    try:
-        if ref.startswith("steer_hydra:"):
-            from steer_hydra.models import is_smollm2_reference, is_tiny_reference
-            from steer_hydra.models.tiny import parse_tiny_reference
-
-            if is_tiny_reference(ref):
-                spec = parse_tiny_reference(ref)
-                config = {
-                    "max_position_embeddings": spec.max_position_embeddings,
-                    "num_hidden_layers": spec.num_hidden_layers,
-                    "num_attention_heads": spec.num_attention_heads,
-                }
-            elif is_smollm2_reference(ref):
-                config = SMOLLM2_SHAPE
-        elif (Path(ref).expanduser() / "config.json").is_file():
-            config = json.loads((Path(ref).expanduser() / "config.json").read_text())
-        elif not _looks_local(ref):
-            cached = _cached_hub_file(ref, "config.json")
-            config = json.loads(Path(cached).read_text()) if cached else None
-    except (ValueError, OSError):
-        return None
-    return (config, ref) if isinstance(config, Mapping) else None
+    config = known_config(ref)
+    return (config, ref) if config is not None else None
 
 
 def model_context(plain: Mapping[str, Any]) -> tuple[int, str] | None:
@@ -733,7 +577,7 @@ def dataset_cached(repo_id: str) -> bool:
 
 
 def _datasets_offline() -> bool:
-    return _hub_offline() or os.environ.get("HF_DATASETS_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
+    return hub_offline() or os.environ.get("HF_DATASETS_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
 
 
 def _hub_dataset_unreachable(repo_id: str) -> tuple[str, bool] | None:

@@ -15,7 +15,8 @@ judge's earlier scores (`concept_judge`: sample scores, results, reductions); sc
 with `concept_judge` through Inspect's `score_async`, the judge bound to the "judge" role and the model under test
 replaced by Inspect's `none` model, which refuses to generate (nothing is generated again); restore the header's
 model roles (they name what made the log, and Inspect's `eval_set` identity includes them, so a later job still
-resumes it); write the log to a temporary file under `save_dir/.rescore/` and move it over the old one (a reader
+resumes it); write the log to a temporary file inside the save_dir (`SaveDir.scratch_file`) and move it over the
+old one (a reader
 sees the old log or the new one, never half of one). The cell's index (`save_dir/cells/...json`), when it names
 that log, takes the new metrics. Judge calls go through Inspect's generate cache (see `tasks.judge`): judging an
 unchanged log again makes no judge call.
@@ -39,28 +40,27 @@ import contextlib
 import logging
 import os
 import sys
-import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from steer_hydra.analysis.compare import CellSelection, compare, write_files
+from steer_hydra.analysis.compare import compare, write_files
 from steer_hydra.analysis.logs import cells_from_logs, resolve_log_path, task_result, task_samples
 from steer_hydra.analysis.stats import AGREEMENT_COLUMNS, agreement
-from steer_hydra.app.job import JOB_RECORD
 from steer_hydra.app.judge import judge_as_model
+from steer_hydra.app.records import JOB_RECORD, JobRecord
 from steer_hydra.app.results import summary_metrics
-from steer_hydra.core.files import locked, read_json, write_csv, write_json
+from steer_hydra.core.files import write_csv
+from steer_hydra.store import Cell, SaveDir
 from steer_hydra.tasks.judge import JUDGE_ROLE, JUDGED_TASKS, RULE_PAIRS, SCORER_NAME
 
 logger = logging.getLogger(__name__)
 
 MULTIRUN_FILE = "multirun.yaml"
 AGREEMENT_FILE = "agreement.csv"
-TEMP_DIR = ".rescore"
 
 
 class RescoreError(ValueError):
@@ -89,17 +89,8 @@ class RescoreResult:
 
 
 # ---------------------------------------------------------------------------------------------- targets
-def _record_ids(record: Mapping[str, Any]) -> set[str]:
-    return {str(record["config_id"]), str(record.get("baseline_config_id") or "baseline")}
-
-
-def _records_in(folders: Sequence[Path]) -> list[tuple[Path, dict[str, Any]]]:
-    found = []
-    for folder in folders:
-        path = folder / JOB_RECORD
-        if path.is_file():
-            found.append((folder, read_json(path)))
-    return found
+def _records_in(folders: Sequence[Path]) -> list[tuple[Path, JobRecord]]:
+    return [(folder, JobRecord.read(folder)) for folder in folders if JobRecord.exists(folder)]
 
 
 def find_target(directory: str | Path) -> Target:
@@ -114,19 +105,19 @@ def find_target(directory: str | Path) -> Target:
             )
         save_dirs: dict[Path, set[str] | None] = {}
         for _, record in jobs:
-            ids = save_dirs.setdefault(Path(record["save_dir"]), set())
+            ids = save_dirs.setdefault(Path(record.save_dir), set())
             assert ids is not None
-            ids.update(_record_ids(record))
+            ids.update(record.config_ids)
         return Target(save_dirs, [d for d, _ in jobs], [directory], [directory / "aggregate"])
-    if (directory / JOB_RECORD).is_file():
-        record = read_json(directory / JOB_RECORD)
-        return Target({Path(record["save_dir"]): _record_ids(record)}, [directory], [], [])
-    if (directory / "inspect_logs").is_dir():
+    if JobRecord.exists(directory):
+        record = JobRecord.read(directory)
+        return Target({Path(record.save_dir): record.config_ids}, [directory], [], [])
+    if SaveDir(directory).holds_logs():
         jobs = _jobs_of_save_dir(directory)
         sweeps = sorted({job.parent for job in jobs if (job.parent / MULTIRUN_FILE).is_file()})
         return Target({directory: None}, jobs, sweeps, [directory, *(s / "aggregate" for s in sweeps)])
     raise RescoreError(
-        f"{directory} is not a save_dir (no {directory / 'inspect_logs'}), a job directory (no "
+        f"{directory} is not a save_dir (no {SaveDir(directory).logs_root}), a job directory (no "
         f"{directory / JOB_RECORD}) or a sweep directory (no {directory / MULTIRUN_FILE}). Fix: pass the save_dir "
         "(<output_root>/<experiment>/<model>/seed_<seed>), the job's or the sweep's output directory."
     )
@@ -145,7 +136,7 @@ def _jobs_of_save_dir(save_dir: Path) -> list[Path]:
             for p in experiment.glob(pattern)
         }
     )
-    return [d for d, record in _records_in(folders) if Path(record.get("save_dir", "")).absolute() == save_dir]
+    return [d for d, record in _records_in(folders) if Path(record.save_dir).absolute() == save_dir]
 
 
 @dataclass(frozen=True)
@@ -161,13 +152,8 @@ class JudgedLog:
     task: str
 
     @property
-    def lock(self) -> Path:
-        """The cell's lock (what a job evaluating the cell holds)."""
-        return self.save_dir / "cells" / self.config_id / f"trial_{self.trial_id}" / f"{self.suite}.lock"
-
-    @property
-    def index(self) -> Path:
-        return self.save_dir / "cells" / self.config_id / f"trial_{self.trial_id}" / f"{self.suite}.json"
+    def cell(self) -> Cell:
+        return Cell(self.config_id, self.trial_id, self.suite)
 
 
 def judged_logs(target: Target) -> list[JudgedLog]:
@@ -183,7 +169,7 @@ def judged_logs(target: Target) -> list[JudgedLog]:
             )
     if not found:
         looked = "; ".join(
-            f"{save_dir / 'inspect_logs'}" + ("" if ids is None else f" (configurations {sorted(ids)})")
+            f"{SaveDir(save_dir).logs_root}" + ("" if ids is None else f" (configurations {sorted(ids)})")
             for save_dir, ids in target.save_dirs.items()
         )
         raise RescoreError(
@@ -275,35 +261,12 @@ async def _judge_log(log: Any, judge: Any, bar: Any) -> None:
 
 
 def _write_over(log: Any, entry: JudgedLog) -> None:
-    """Write `log` to a temporary file in the save_dir and move it over `entry.path` (atomic on one filesystem)."""
+    """Write `log` to a scratch file in the save_dir and move it over `entry.path` (atomic on one filesystem)."""
     from inspect_ai.log import write_eval_log
 
-    folder = entry.save_dir / TEMP_DIR
-    folder.mkdir(parents=True, exist_ok=True)
-    handle, temp = tempfile.mkstemp(dir=folder, suffix=entry.path.suffix)
-    os.close(handle)
-    try:
-        write_eval_log(log, temp)
+    with SaveDir(entry.save_dir).scratch_file(entry.path.suffix) as temp:
+        write_eval_log(log, str(temp))
         os.replace(temp, entry.path)
-    finally:
-        Path(temp).unlink(missing_ok=True)
-        with contextlib.suppress(OSError):
-            folder.rmdir()
-
-
-def _update_index(log: Any, entry: JudgedLog) -> None:
-    """The cell index, when it names this log, takes the log's new metrics (a re-run then reports them)."""
-    if not entry.index.is_file():
-        return
-    try:
-        index = read_json(entry.index)
-    except (OSError, ValueError):
-        return  # a damaged index is rewritten by the next job of that cell
-    task = (index.get("tasks") or {}).get(entry.task) if isinstance(index, dict) else None
-    if not isinstance(task, dict) or task.get("log") != entry.location:
-        return
-    task["metrics"] = task_result(log, None, entry.save_dir)["metrics"]
-    write_json(entry.index, index)
 
 
 def judge_logs(logs: Sequence[JudgedLog], judge: Any, *, bar: Any = None) -> None:
@@ -311,12 +274,16 @@ def judge_logs(logs: Sequence[JudgedLog], judge: Any, *, bar: Any = None) -> Non
     import anyio
 
     for entry in logs:
-        with locked(entry.lock):
+        store = SaveDir(entry.save_dir)
+        with store.locked_cell(entry.cell):  # the lock a job evaluating that cell holds
             log = _read(entry.path)
             _drop_judge(log)
             anyio.run(_judge_log, log, judge, bar)
             _write_over(log, entry)
-            _update_index(log, entry)
+            # the cell's index, when it names this log, takes the new metrics (a re-run then reports them)
+            store.update_indexed_metrics(
+                entry.cell, entry.task, entry.location, task_result(log, None, store.root)["metrics"]
+            )
         logger.info("Judged %s", entry.path)
 
 
@@ -336,24 +303,15 @@ def agreement_table(frames: Sequence[pd.DataFrame]) -> pd.DataFrame:
 def rewrite_job(job_dir: Path) -> dict[str, Path]:
     """Rewrite a job's tables from the save_dir's logs, as the job wrote them (`compare.write_files`), its job
     record's metrics and files, and its `agreement.csv`. Returns the files written."""
-    record = read_json(job_dir / JOB_RECORD)
-    selection = CellSelection(
-        save_dirs={record.get("seed"): Path(record["save_dir"])},
-        config_ids=[record["config_id"]],
-        baseline_config_id=str(record.get("baseline_config_id") or "baseline"),
-        suite=record["suite"],
-        model=record["model"],
-        trial_ids=record.get("trial_ids") or None,
-        names={record["config_id"]: record["arm"]},
-    )
-    comparison = compare(selection)
-    files = write_files(comparison, job_dir, own_config_id=record["config_id"])
-    own = comparison.results[comparison.results["config_id"] == record["config_id"]]
+    record = JobRecord.read(job_dir)
+    comparison = compare(record.cells())
+    files = write_files(comparison, job_dir, own_config_id=record.config_id)
+    own = comparison.results[comparison.results["config_id"] == record.config_id]
     files["agreement"] = job_dir / AGREEMENT_FILE
     write_csv(agreement_table(comparison.frames), files["agreement"])
-    record["metrics"] = summary_metrics(own)
-    record["files"] = {**(record.get("files") or {}), **{name: str(path) for name, path in files.items()}}
-    write_json(job_dir / JOB_RECORD, record)
+    record.metrics = summary_metrics(own)
+    record.files = {**record.files, **{name: str(path) for name, path in files.items()}}
+    record.write(job_dir)
     return files
 
 
@@ -460,18 +418,9 @@ def parse_args(argv: Sequence[str]) -> tuple[Path, list[str]]:
 
 def compose_settings(overrides: Sequence[str]) -> tuple[str, bool]:
     """`(judge, progress)` from the app's config composed with `overrides` (Hydra validates them)."""
-    from hydra import compose, initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
+    from steer_hydra.app.compose import compose_config
 
-    from steer_hydra.app.schema import register_configs
-
-    register_configs()
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_module(config_module="steer_hydra.conf", version_base="1.3"):
-            cfg = compose("config", overrides=list(overrides))
-    finally:
-        GlobalHydra.instance().clear()
+    cfg = compose_config(overrides, standalone=True)
     if not cfg.judge:
         raise RescoreError(f"judge is empty. Fix: judge=<model>.\n\n{USAGE}")
     return str(cfg.judge), bool(cfg.progress)

@@ -57,6 +57,11 @@ WandbMode = _choices("WandbMode", ("auto", "online", "offline", "disabled"))
 Display = _choices("Display", typing.get_args(DisplayType))
 
 
+# `model` group keys that are not the model source (`ModelSource`), so not part of what a save_dir's protocol records:
+# the display name, and the layer the concept controls default to (the layer a control steers is in its config_id).
+MODEL_KEYS_OUTSIDE_PROTOCOL = ("name", "steering_layer")
+
+
 @dataclass
 class ModelConfig:
     """`model` group: a base model reference and its loading kwargs."""
@@ -226,7 +231,7 @@ def _refuse(problem: str, node: Any) -> None:
         # Hydra resolves hydra.run.dir / hydra.sweep.* inside its error reporter, which prints a traceback for any
         # exception; a SystemExit passes it (and OmegaConf) untouched, before the directory is created.
         sys.exit(INVALID_CONFIGURATION + problem)
-    from steer_hydra.app.plan import ConfigError
+    from steer_hydra.core.errors import ConfigError
 
     raise ConfigError(problem)
 

@@ -16,10 +16,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from steer_hydra.app.job import JOB_RECORD
-from steer_hydra.app.plan import to_plain
-from steer_hydra.app.tracking import Tracker, wandb_key
-from steer_hydra.core.files import read_json
+from steer_hydra.app.compose import to_plain
+from steer_hydra.app.records import JobRecord
+from steer_hydra.app.tracking import wandb_key, wandb_run
 from steer_hydra.study import LAUNCHED_FILE
 from steer_hydra.study.plan import Job, StudyPlan
 from steer_hydra.study.report import costs_table, study_table, summary_table
@@ -46,7 +45,7 @@ class HydraLauncher:
         records = []
         for result in results:
             _ = result.return_value  # re-raises a failed job's error, as Hydra's basic sweeper does
-            records.append(read_json(Path(result.hydra_cfg.hydra.runtime.output_dir) / JOB_RECORD))
+            records.append(JobRecord.read(result.hydra_cfg.hydra.runtime.output_dir).to_dict())
         return records
 
 
@@ -69,20 +68,17 @@ def sweep_study(spec: Mapping[str, Any], arguments: Sequence[str], config: DictC
 
 def track_study(config: DictConfig, out_dir: Path, out: Mapping[str, Any]) -> None:
     """One W&B run (job_type `study_selection`) holding the study's tables, summary numbers and plots."""
-    logger_cfg = to_plain(OmegaConf.select(config, "logger") or {"kind": "none"})
-    if logger_cfg.get("kind") == "none":
-        return
-    tracker = Tracker.from_logger(
-        logger_cfg,
+    run = wandb_run(
+        config,
         directory=out_dir,
         name=f"{config.experiment_name}-study",
-        group=str(config.experiment_name),
         job_type="study_selection",
-        tags=["study_selection", *map(str, config.tags)],
-        config={"selection": out["provenance"]},
-    ).start()
-    exit_code = 1
-    try:
+        tags=["study_selection"],
+        run_config={"selection": out["provenance"]},
+    )
+    with run as tracker:
+        if tracker is None:
+            return
         keys = ("delta", "ci_low", "ci_high", "arm_mean", "win_rate")
         tracker.summary(
             {
@@ -98,6 +94,3 @@ def track_study(config: DictConfig, out_dir: Path, out: Mapping[str, Any]) -> No
         plots = {k: v for k, v in out["paths"].items() if k.startswith("plot_")}
         if plots:
             tracker.images({wandb_key("plots", name.removeprefix("plot_")): path for name, path in plots.items()})
-        exit_code = 0
-    finally:
-        tracker.finish(exit_code)

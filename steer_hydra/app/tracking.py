@@ -1,4 +1,5 @@
-"""W&B tracking for one job: init (offline unless asked for online), summary, tables, images, artifacts, finished.
+"""W&B tracking: init (offline unless asked for online), summary, tables, images, artifacts, finished; `wandb_run`
+is the one place a job, a sweep summary or a study opens a run from the app config.
 
 Every call is guarded: a W&B failure (unwritable dir, init error, upload error) logs a warning and turns the
 tracker into a no-op, so the evaluation results on disk are never lost because of tracking.
@@ -26,7 +27,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from steer_hydra.app.secrets import Redactor
+from steer_hydra.app.compose import to_plain
+from steer_hydra.app.secrets import Redactor, redact
 
 logger = logging.getLogger(__name__)
 
@@ -293,3 +295,39 @@ def _silence_terminal() -> None:
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0][:300] if text else ""
+
+
+@contextlib.contextmanager
+def wandb_run(
+    config: Any,
+    *,
+    directory: str | os.PathLike,
+    name: str,
+    job_type: str,
+    tags: Sequence[str],
+    run_config: Mapping[str, Any],
+) -> Iterator[Tracker | None]:
+    """A W&B run of the app config `config` (a job's, or a sweep's `multirun.yaml`): its `logger` group (None for
+    `logger=none`), group `experiment_name`, `tags` plus the config's `tags`, `run_config` redacted; started on
+    entry and finished on exit, with exit code 1 when the body raised."""
+    from omegaconf import OmegaConf
+
+    logger_cfg = to_plain(OmegaConf.select(config, "logger") or {"kind": "none"})
+    if logger_cfg.get("kind") == "none":
+        yield None
+        return
+    tracker = Tracker.from_logger(
+        logger_cfg,
+        directory=directory,
+        name=name,
+        group=str(OmegaConf.select(config, "experiment_name")),
+        job_type=job_type,
+        tags=[*tags, *map(str, OmegaConf.select(config, "tags") or [])],
+        config=redact(dict(run_config)),
+    ).start()
+    exit_code = 1
+    try:
+        yield tracker
+        exit_code = 0
+    finally:
+        tracker.finish(exit_code)

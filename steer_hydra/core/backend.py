@@ -72,6 +72,10 @@ class BackendSpec:
     def digest(self) -> str:
         return canonical_json({"kind": self.kind, "options": self.options})
 
+    def check_options(self) -> list[str]:
+        """Problems with the options found without loading anything (`Backend.check_options`), one line each."""
+        return backend_class(self.kind).check_options(self.options)
+
     def protocol_options(self) -> dict[str, Any]:
         """The options that bear on what is generated, as the backend class declares (`Backend.protocol_options`):
         what a save_dir protocol records, so a changed server address or timeout does not count as a new protocol."""
@@ -156,6 +160,13 @@ class Backend(ABC):
             f"Backend {self.kind!r} has no refill engine (supports_refill is False). Fix: use static batching "
             "(ProviderOptions.batching='static' or 'auto'), or backend=huggingface."
         )
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> list[str]:
+        """Problems with this backend's `backend.options` found before anything loads (they validate, the backend's
+        extra is installed, a server answers within a bound), each one line naming the key, the value and the fix;
+        the app's pre-flight reports them with every other config problem. Default: none."""
+        return []
 
     @classmethod
     def protocol_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:

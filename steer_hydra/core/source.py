@@ -61,5 +61,18 @@ class ModelSource:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in model.items() if k in names})
 
+    def identity(self) -> dict[str, Any]:
+        """What a save_dir's protocol and cell keys record of the source: the reference and every loading option,
+        the tokenizer and the device only when set (so a job that sets neither matches one written before they
+        existed)."""
+        identity = {
+            "model_name_or_path": self.model_name_or_path,
+            "hf_model_kwargs": dict(self.hf_model_kwargs),
+            "device_map": self.device_map,
+            "trust_remote_code": self.trust_remote_code,
+        }
+        optional = {"tokenizer_name_or_path": self.tokenizer_name_or_path, "device": self.device}
+        return {**identity, **{key: value for key, value in optional.items() if value is not None}}
+
     def replace(self, **changes: Any) -> ModelSource:
         return dataclasses.replace(self, **changes)

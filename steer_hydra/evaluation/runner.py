@@ -6,15 +6,15 @@ Invariants:
   fails; the shared base model is freed at the end of `run()`;
 - each (configuration, trial) gets one trial seed (`derive_trial_seed(seed, config_id, trial_id)`), handed to the
   provider as the seed of requests that set none;
-- each (configuration, trial, suite) cell has its own log directory
-  `save_dir/inspect_logs/<config_id>/trial_<t>/<suite>/`; the `.eval` logs there are the record of the run and
-  the only checkpoint: re-running into the same `save_dir` completes only missing samples (a changed protocol
-  needs a new `save_dir`);
-- a finished cell without failed samples leaves a small index `save_dir/cells/<config_id>/trial_<t>/<suite>.json`
-  (its task results, log locations and a key of everything that produced it); a configuration whose cells are all
-  indexed under the same key, with their logs present, readable and complete (no invalidated samples), is reused
-  without loading a model (provenance `reused: True`); a cell whose log is unreadable is evaluated again, and its
-  log moved aside under the cell's lock (`logs.readable_logs`);
+- each (configuration, trial, suite) cell has its own log directory in the save_dir (`store.SaveDir`, the one
+  owner of its layout); the `.eval` logs there are the record of the run and the only checkpoint: re-running into
+  the same `save_dir` completes only missing samples (a changed protocol needs a new `save_dir`);
+- a finished cell without failed samples leaves a small index (its task results, log locations and its key:
+  `store.comparable.cell_key` of the suite's evaluation setting and the trial seed, the same setting a save_dir's
+  protocol records); a configuration whose cells are all indexed under the same key, with their logs present,
+  readable and complete (no invalidated samples), is reused without loading a model (provenance `reused: True`); a
+  cell whose log is unreadable is evaluated again, and its log moved aside under the cell's lock
+  (`logs.readable_logs`);
 - extra scoring (`scorers`, e.g. a model judge, and the `model_roles` its models come from) is part of a cell's
   key, so a cell scored without it is not reused as one scored with it; a role given as a callable is built once,
   at the first cell evaluated (none when every cell is reused), and released at the end of `run()`;
@@ -24,9 +24,7 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib.metadata
-import json
 import logging
 import tempfile
 import warnings
@@ -40,9 +38,9 @@ import pandas as pd
 from steer_hydra.analysis.frames import attach_params, cells_frame, results_frame, runs_frame, summarize_runs
 from steer_hydra.analysis.logs import log_complete, read_log_header, readable_logs, resolve_log_path, samples_frame
 from steer_hydra.analysis.stats import paired_deltas
+from steer_hydra.core.backend import BackendSpec
 from steer_hydra.core.controls import declared_scopes
-from steer_hydra.core.files import locked, write_json
-from steer_hydra.core.identity import canonical_json, canonical_value, derive_trial_seed, model_fingerprint
+from steer_hydra.core.identity import canonical_value, derive_trial_seed, model_fingerprint
 from steer_hydra.core.rendering import has_chat_template
 from steer_hydra.core.source import ModelSource
 from steer_hydra.core.sweeps import (
@@ -52,6 +50,7 @@ from steer_hydra.core.sweeps import (
     preflight,
 )
 from steer_hydra.evaluation.suite import InspectSuite, task_name
+from steer_hydra.store import Cell, SaveDir, cell_key, evaluation_setting, protocol
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +105,8 @@ class SteeringEval:
             `release()`, if any, is called at the end of `run()`). Inspect counts them in a task's identity.
         scorers: `{task name: [Inspect scorers]}` appended to those tasks' own scorers in every suite that runs
             them (e.g. a model judge beside rule scorers; its model comes through `model_roles`).
+        task_arg_digests: `{task arg: digest function}` for task args that name content (a concept file): the
+            digest of the content joins the suite's evaluation setting, so an edited file is another setting.
     """
 
     def __init__(
@@ -127,6 +128,7 @@ class SteeringEval:
         log_metadata: Mapping[str, Any] | None = None,
         model_roles: Mapping[str, Any] | None = None,
         scorers: Mapping[str, Sequence[Any]] | None = None,
+        task_arg_digests: Mapping[str, Callable[[Any], str]] | None = None,
     ) -> None:
         if not isinstance(pipelines, Mapping):
             raise TypeError(
@@ -162,6 +164,7 @@ class SteeringEval:
         self.log_metadata = dict(log_metadata or {})
         self.model_roles = dict(model_roles or {})
         self.scorers = {task: list(found) for task, found in (scorers or {}).items() if found}
+        self.task_arg_digests = dict(task_arg_digests or {})
         self._built_roles: dict[str, Any] | None = None
         self._results: dict[str, list[dict[str, Any]]] | None = None
         self._log_root: Path | None = None
@@ -210,12 +213,12 @@ class SteeringEval:
         self._warn_protocol(active)
 
         if self.save_dir is None:
-            root = Path(tempfile.mkdtemp(prefix="steering-eval-"))
-            logger.info("No save_dir given: logs go to %s; this run is not resumable.", root)
+            store = SaveDir(tempfile.mkdtemp(prefix="steering-eval-"))
+            logger.info("No save_dir given: logs go to %s; this run is not resumable.", store.root)
         else:
-            root = Path(self.save_dir).absolute()
-            root.mkdir(parents=True, exist_ok=True)
-        self._log_root = root
+            store = SaveDir(self.save_dir)
+            store.root.mkdir(parents=True, exist_ok=True)
+        self._log_root = store.root
         self._params_by_config = {r.point.config_id: r.point.params for r in reports}
 
         results: dict[str, list[dict[str, Any]]] = {name: [] for name in self.pipelines}
@@ -237,14 +240,14 @@ class SteeringEval:
         try:
             for report in active:
                 point = report.point
-                reused = self._reused_records(point, root)
+                reused = self._reused_records(point, store)
                 if reused is not None:
                     logger.info(
                         "Reusing %s [%s]: all %d cell(s) are complete in %s; no model loaded.",
                         point.arm,
                         point.config_id,
                         len(reused) * len(self.suites),
-                        root,
+                        store.root,
                     )
                     results[point.arm].extend(reused)
                     cell += len(reused) * len(self.suites)
@@ -257,7 +260,8 @@ class SteeringEval:
                         suites_out: dict[str, dict[str, Any]] = {}
                         for suite in self.suites:
                             cell += 1
-                            log_dir = root / "inspect_logs" / point.config_id / f"trial_{trial}" / suite.name
+                            here = Cell(point.config_id, trial, suite.name)
+                            log_dir = store.log_dir(here)
                             logger.info(
                                 "Cell %d/%d: %s [%s] trial %d suite %s",
                                 cell,
@@ -271,8 +275,7 @@ class SteeringEval:
                                 self.before_cell(point.config_id, trial, suite.name, pipeline=pipeline)
                             # one job at a time per cell: a second job of this configuration waits, then resumes
                             # the cell from its logs (nothing left to generate) instead of generating it again
-                            lock = root / "cells" / point.config_id / f"trial_{trial}" / f"{suite.name}.lock"
-                            with _root_log_level_kept(), locked(lock, on_wait=_log_cell_wait):
+                            with _root_log_level_kept(), store.locked_cell(here, on_wait=_log_cell_wait):
                                 out = suite.run(
                                     pipeline,
                                     log_dir=log_dir,
@@ -286,10 +289,10 @@ class SteeringEval:
                                     **self._log_labels(point, controls, trial),
                                 )
                             suites_out[suite.name] = {
-                                task: {**result, "log": _relative_to_root(result.get("log"), log_dir, root)}
+                                task: {**result, "log": _relative_to_root(result.get("log"), log_dir, store.root)}
                                 for task, result in out.items()
                             }
-                            self._index_cell(root, point.config_id, trial, suite, suites_out[suite.name], static)
+                            self._index_cell(store, here, suite, suites_out[suite.name], static)
                         results[point.arm].append(self._record(point, trial, suites_out, static))
         finally:
             bar.close()
@@ -359,37 +362,43 @@ class SteeringEval:
             "provenance": {**static, "recorded_utc": datetime.now(UTC).isoformat(), "reused": reused},
         }
 
+    def setting(self, suite: InspectSuite) -> dict[str, Any]:
+        """What makes `suite`'s evaluations comparable (`store.comparable.evaluation_setting`): the source, the
+        backend's generation options, the provider options, the generation settings, the suite and extra scoring."""
+        return evaluation_setting(
+            source=self.source,
+            backend=BackendSpec.coerce(self.backend),
+            provider=self.provider_options,
+            generate_defaults=self.generate_defaults,
+            suite=suite.identity(self.task_arg_digests),
+            scoring=self._scoring_identity(),
+        )
+
+    def protocol(self, suite: InspectSuite, backend_identity: Any = None) -> dict[str, Any]:
+        """`suite`'s protocol in a save_dir (`store.comparable.protocol`): its setting and the launch seed, plus the
+        loaded backend's identity when given."""
+        return protocol(self.setting(suite), seed=self.seed, backend_identity=backend_identity)
+
     def _cell_key(self, config_id: str, trial: int, suite: InspectSuite) -> str | None:
-        """A digest of everything that produced a cell besides the controls (which the config_id names)."""
+        """The cell's key, or None when its setting has no content form (e.g. a suite of `Task` objects): such a
+        cell is never reused on a guess."""
         try:
-            payload = canonical_json(
-                {
-                    "suite": suite,
-                    "base_model": self.base_model_name_or_path,
-                    "backend": self.backend,
-                    "hf_model_kwargs": self.source.hf_model_kwargs,
-                    "provider_options": self.provider_options,
-                    "generate_defaults": self.generate_defaults,
-                    "trial_seed": self._trial_seed(config_id, trial),
-                    **self._scoring_identity(),  # absent without extra scoring: earlier keys stay valid
-                }
-            )
-        except TypeError:  # something without a content form: never reuse on a guess
+            setting = self.setting(suite)
+        except TypeError:
             return None
-        return hashlib.sha256(payload.encode()).hexdigest()
+        return cell_key(setting, self._trial_seed(config_id, trial))
 
     def _index_cell(
-        self, root: Path, config_id: str, trial: int, suite: InspectSuite, tasks: Mapping[str, Any], static: Any
+        self, store: SaveDir, cell: Cell, suite: InspectSuite, tasks: Mapping[str, Any], static: Any
     ) -> None:
-        key = self._cell_key(config_id, trial, suite)
+        key = self._cell_key(cell.config_id, cell.trial_id, suite)
         if key is None or self.save_dir is None or not tasks or any(t.get("failed") for t in tasks.values()):
             return  # a cell with failed samples stays unindexed: a re-run retries them (Inspect reuses the rest)
-        if not all(_log_is_complete(t.get("log"), root) for t in tasks.values()):
+        if not all(_log_is_complete(t.get("log"), store.root) for t in tasks.values()):
             return  # e.g. invalidated samples: only a complete log makes a complete cell
-        path = root / "cells" / config_id / f"trial_{trial}" / f"{suite.name}.json"
-        write_json(path, {"key": key, "tasks": tasks, "static": static})  # a concurrent reader sees old or new
+        store.write_index(cell, key=key, tasks=tasks, static=static)  # a concurrent reader sees old or new
 
-    def _reused_records(self, point: Any, root: Path) -> list[dict[str, Any]] | None:
+    def _reused_records(self, point: Any, store: SaveDir) -> list[dict[str, Any]] | None:
         """The records of a configuration whose every cell is indexed under the current key, with its logs complete
         (readable, not invalidated: `log_complete`), else None."""
         if self.save_dir is None:
@@ -399,15 +408,18 @@ class SteeringEval:
             suites_out: dict[str, Any] = {}
             static: Any = None
             for suite in self.suites:
-                path = root / "cells" / point.config_id / f"trial_{trial}" / f"{suite.name}.json"
                 key = self._cell_key(point.config_id, trial, suite)
-                index = _read_index(path)
+                index = store.read_index(Cell(point.config_id, trial, suite.name))
                 if index is None:
                     return None
                 logs = [t.get("log") for t in index.get("tasks", {}).values()]
-                if key is None or index.get("key") != key or not all(log and (root / log).exists() for log in logs):
+                if (
+                    key is None
+                    or index.get("key") != key
+                    or not all(log and (store.root / log).exists() for log in logs)
+                ):
                     return None
-                if not all(_log_is_complete(log, root) for log in logs):
+                if not all(_log_is_complete(log, store.root) for log in logs):
                     return None
                 suites_out[suite.name] = index["tasks"]
                 static = static or index.get("static") or {}
@@ -588,23 +600,6 @@ def _logged_model_name(log_dir: Path) -> str | None:
     for _, header in readable_logs(log_dir, move=True):  # under the cell lock: an unreadable log is moved aside
         model = str(header.eval.model)
         return model.split("/", 1)[1] if "/" in model else model
-    return None
-
-
-def _read_index(path: Path) -> dict[str, Any] | None:
-    """A cell index, or None when there is none or it is damaged (said in one warning: the cell is then evaluated
-    again, Inspect reusing the samples its log holds, and the index rewritten)."""
-    try:
-        index = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as error:
-        why = f"{type(error).__name__}: {error}"
-    else:
-        if isinstance(index, dict) and isinstance(index.get("tasks", {}), dict):
-            return index
-        why = f"a JSON {type(index).__name__}, not a cell index"
-    logger.warning("Cell index %s is damaged (%s); its cell is evaluated again and the index rewritten.", path, why)
     return None
 
 

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +106,16 @@ class InspectSuite:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"InspectSuite {self.name!r}: {key} must be an int >= 0; got {value!r}.")
+
+    def identity(self, content_digests: Mapping[str, Callable[[Any], str]] | None = None) -> dict[str, Any]:
+        """What of the suite makes its logs comparable (`store.comparable`): every field but the retry policy, plus
+        `<arg>_content` for each task arg given a digest function (a concept file's path says nothing of its
+        content: an edited file is another one)."""
+        identity: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in RETRY_FIELDS}
+        for arg, digest in (content_digests or {}).items():
+            if self.task_args.get(arg) is not None:
+                identity[f"{arg}_content"] = digest(self.task_args[arg])
+        return identity
 
     def run(
         self,

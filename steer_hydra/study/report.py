@@ -28,8 +28,7 @@ from typing import Any
 
 import pandas as pd
 
-from steer_hydra.analysis.frames import SAMPLE_ID_COLUMNS
-from steer_hydra.analysis.logs import results_from_logs, task_samples
+from steer_hydra.analysis.compare import cell_samples, numeric_score_columns
 from steer_hydra.analysis.stats import concept_deltas, degenerate_rate, paired_deltas
 from steer_hydra.core.files import write_csv, write_json
 from steer_hydra.study.plan import AXES
@@ -40,16 +39,12 @@ from steer_hydra.tasks.judge import SCORE_KEYS as JUDGE_KEYS
 logger = logging.getLogger(__name__)
 
 LAUNCHED_KEYS = ("job", "stage", "concept", "arm_name", "point", *AXES)
-NOT_SCORES = frozenset({*SAMPLE_ID_COLUMNS, *LAUNCHED_KEYS, "input", "completion", "target", "error"})
 
 
 def study_frame(save_dir: str | Path, launched: pd.DataFrame) -> pd.DataFrame:
     """Per-sample rows of every cell `launched` names (`config_id`, `suite` and `LAUNCHED_KEYS` columns), with
     what was launched; a cell launched for several concepts appears once per concept."""
-    save_dir = Path(save_dir)
-    cells = results_from_logs(save_dir, config_ids=set(launched["config_id"]))
-    cells = cells[cells["suite"].isin(set(launched["suite"]))]  # only the launched cells' logs are read
-    frames = [f for f in task_samples(cells, save_dir) if not f.empty]
+    _, frames = cell_samples(save_dir, config_ids=set(launched["config_id"]), suites=set(launched["suite"]))
     if not frames:
         raise ValueError(f"study_frame: no evaluated samples under {save_dir}.")
     samples = pd.concat(frames, ignore_index=True)
@@ -91,11 +86,6 @@ def per_concept_deltas(
             stats = stats.merge(degenerate_rate(rows, fluency=FLUENCY), on=["arm", "config_id"], how="left")
         out.append(stats[stats["n"] > 0])  # a (task, metric) pair whose task has no such scorer
     return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
-
-
-def score_columns(frame: pd.DataFrame) -> list[str]:
-    """The frame's numeric score columns (for the cost suites' tasks, whatever their scorers)."""
-    return [c for c in frame.columns if c not in NOT_SCORES and pd.to_numeric(frame[c], errors="coerce").notna().any()]
 
 
 def win_rates(results: pd.DataFrame, *, objective: str, versus: str) -> pd.DataFrame:
@@ -149,7 +139,7 @@ def write_study(
             summary = summary.merge(win_rates(results, objective=objective.metric, versus=prompt_arm), how="left")
     costs, costs_summary = pd.DataFrame(), pd.DataFrame()
     if not cost.empty:
-        cost_scores = score_columns(cost)
+        cost_scores = numeric_score_columns(cost, labels=LAUNCHED_KEYS)  # the cost suites' tasks, any scorers
         costs = per_concept_deltas(cost, cost_scores, baseline, n_resamples)
         costs_summary = concept_deltas(
             cost,

@@ -380,7 +380,7 @@ def _pair(path: Path, index: int, node: yaml.Node) -> ContrastPair:
 
 def _task_instructions() -> dict[str, str]:
     """The concept-steering task's instructions (normalised) -> their sample ids."""
-    from steer_hydra.tasks.concept_steering import instructions
+    from steer_hydra.tasks.instructions import instructions
 
     return {" ".join(text.lower().split()): sample_id for sample_id, text in instructions().items()}
 

