@@ -83,7 +83,7 @@ class UserPrefix(InputControl):
             if values is None or not all(v is None or isinstance(v, str) for v in values):
                 raise TypeError(
                     f"UserPrefix: runtime kwarg {USER_PREFIX!r} must be a string, or one string (or None) per row "
-                    f"({batch} rows); got {value!r}."
+                    f"({batch} rows); got {value!r}. Fix: pass the prefix text."
                 )
         return [self.text if v is None else v for v in values]
 

@@ -298,7 +298,10 @@ def check_weights(
             f"{owner}.weights has {len(weights)} entries for {len(models)} models. Fix: one weight per model."
         )
     if not all(math.isfinite(w) for w in (*weights, base_weight)):
-        raise ValueError(f"{owner}.weights and base_weight must be finite; got {list(weights)}, {base_weight}.")
+        raise ValueError(
+            f"{owner}.weights and base_weight must be finite; got {list(weights)}, {base_weight}. "
+            "Fix: finite signed weights (e.g. [-1.0] for an amateur)."
+        )
     if temperatures is not None:
         if len(temperatures) != len(models):
             raise ValueError(

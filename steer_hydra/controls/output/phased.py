@@ -327,7 +327,7 @@ def per_row_texts(runtime_kwargs: Mapping[str, Any], batch: int, plan: Sequence[
         if not isinstance(value, Mapping):
             raise TypeError(
                 f"PhasedDecoding: runtime kwarg {FORCED_TEXTS!r} must be a mapping {{name: text}} or one per row; "
-                f"got {value!r}."
+                f"got {value!r}. Fix: e.g. {{'lead': 'Sure,'}} for a phase named lead."
             )
         values = [value] * batch
     names = {p.name for p in plan if isinstance(p, Forced) and p.name}

@@ -68,7 +68,9 @@ def fit_linear_probe(
 ) -> LinearProbe:
     """Closed-form LDA on `[N, H]` states with one label per row (at least two classes, each seen twice)."""
     if states.dim() != 2 or states.shape[0] != len(labels):
-        raise ValueError(f"{owner}: {states.shape[0]} states for {len(labels)} labels; give one label per example.")
+        raise ValueError(
+            f"{owner}: {states.shape[0]} states for {len(labels)} labels. Fix: give one label per example."
+        )
     classes = tuple(dict.fromkeys(labels))
     counts = {c: sum(1 for label in labels if label == c) for c in classes}
     if len(classes) < 2 or min(counts.values()) < 2:

@@ -433,7 +433,7 @@ def _given_routes(value: Any, batch: int) -> list[str | None]:
     if values is None or not all(v is None or isinstance(v, str) for v in values):
         raise TypeError(
             f"RoutedDecoding: runtime kwarg {ROUTE!r} must be a route name, or one per row ({batch} rows); got "
-            f"{value!r}."
+            f"{value!r}. Fix: pass a string (or None) per row."
         )
     return list(values)
 
