@@ -14,6 +14,9 @@ import types
 import numpy as np
 import pytest
 import torch
+from vllm_toy import HIDDEN, ToyModel
+from vllm_toy import runner as _runner
+from vllm_toy import xargs as _xargs
 
 from steer_hydra.backends.vllm import plugin as vllm_plugin
 from steer_hydra.backends.vllm.plugin import add_rows, build_plan, install, request_spec
@@ -34,7 +37,6 @@ from steer_hydra.core.controls import ResidualAddition
 from steer_hydra.models import TINY_REF, resolve_model_reference
 from steer_hydra.testing.numerics import assert_equal_up_to_rounding, rounding_atol
 
-HIDDEN = 8
 # The roundings that accumulate into one output element of ToyModel: per layer two linears (a dot product of HIDDEN
 # terms plus the bias each), two tanh, the position mix and two residual sums; the steering additions add a few.
 TOY_ROUNDINGS = 3 * (2 * (HIDDEN + 1) + 5) + 4
@@ -134,57 +136,11 @@ class ToyAttention(torch.nn.Module):
         return torch.tanh(self.linear(hidden_states))
 
 
-class ToyLayer(torch.nn.Module):
-    """vLLM's decoder-layer contract: the stream is hidden + residual; the output hidden is the block's delta. The
-    attention output joins the stream inside the layer (vLLM's fused add before the MLP)."""
-
-    def __init__(self, seed: int) -> None:
-        super().__init__()
-        self.self_attn = ToyAttention(seed + 10)
-        self.linear = _linear(seed)
-
-    def forward(self, positions, hidden_states, residual):
-        residual = hidden_states if residual is None else hidden_states + residual
-        mixed = residual + 0.1 * positions[:, None].float()
-        residual = residual + self.self_attn(mixed)
-        return torch.tanh(self.linear(residual)), residual
-
-
-class ToyModel(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = torch.nn.Embedding(32, HIDDEN)
-        self.layers = torch.nn.ModuleList([ToyLayer(1), ToyLayer(2), ToyLayer(3)])
-
-    def forward(self, input_ids, positions):
-        hidden, residual = self.embed(input_ids), None
-        for layer in self.layers:
-            hidden, residual = layer(positions, hidden, residual)
-        return hidden + residual
-
-
-def _runner(model, requests):
-    """A stand-in model runner holding `requests` = [(req_id, n_tokens, extra_args)] in persistent-batch order."""
-    bounds = np.cumsum([0] + [n for _, n, _ in requests])
-    states = {rid: types.SimpleNamespace(sampling_params=types.SimpleNamespace(extra_args=x)) for rid, _, x in requests}
-    return types.SimpleNamespace(
-        input_batch=types.SimpleNamespace(num_reqs=len(requests), req_ids=[r for r, _, _ in requests]),
-        query_start_loc=types.SimpleNamespace(np=bounds),
-        requests=states,
-        get_model=lambda: model,
-        model_config=types.SimpleNamespace(hf_text_config=types.SimpleNamespace(num_hidden_layers=3)),
-    )
-
-
-def _xargs(additions, prompt_length):
-    return steering_fields(additions, prompt_length).get("vllm_xargs")
-
-
 @pytest.fixture
 def toy():
     with torch.random.fork_rng(devices=[]):  # the same toy whatever ran before; the global RNG left as it was
         torch.manual_seed(0)
-        return ToyModel()
+        return ToyModel(ToyAttention, _linear)
 
 
 def _forward(model, runner, chunks):

@@ -15,6 +15,9 @@ import numpy as np
 import pytest
 import torch
 from test_vllm_offline import fake_vllm  # noqa: E402,F401 - the stand-in vLLM module (a fixture)
+from vllm_toy import HIDDEN, ToyModel
+from vllm_toy import runner as _runner
+from vllm_toy import xargs as _xargs
 
 from steer_hydra.backends.vllm.plugin import build_plan, install, parse, rotate_rows
 from steer_hydra.backends.vllm.steering import XARGS_KEY, XARGS_NONCE, bind, lower, meta_skeleton, steering_fields
@@ -25,7 +28,7 @@ from steer_hydra.core.edits import condition_similarity, rotate_in_plane
 from steer_hydra.models import TINY_REF, resolve_model_reference
 from steer_hydra.testing.numerics import assert_equal_up_to_rounding
 
-HIDDEN, HEADS = 8, 2
+HEADS = 2
 DIM = HIDDEN // HEADS
 # The roundings that accumulate into one output element of ToyModel: per layer three linears (a dot product of
 # HIDDEN terms plus the bias each), two tanh, the position mix and two residual sums; the edits add a few.
@@ -52,48 +55,6 @@ class ToyAttention(torch.nn.Module):
         return self.o_proj(torch.tanh(self.mix(hidden_states)))
 
 
-class ToyLayer(torch.nn.Module):
-    def __init__(self, seed: int) -> None:
-        super().__init__()
-        self.self_attn = ToyAttention(seed + 10)
-        self.linear = _linear(seed)
-
-    def forward(self, positions, hidden_states, residual):
-        residual = hidden_states if residual is None else hidden_states + residual
-        mixed = residual + 0.1 * positions[:, None].float()
-        residual = residual + self.self_attn(mixed)
-        return torch.tanh(self.linear(residual)), residual
-
-
-class ToyModel(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = torch.nn.Embedding(32, HIDDEN)
-        self.layers = torch.nn.ModuleList([ToyLayer(1), ToyLayer(2), ToyLayer(3)])
-
-    def forward(self, input_ids, positions):
-        hidden, residual = self.embed(input_ids), None
-        for layer in self.layers:
-            hidden, residual = layer(positions, hidden, residual)
-        return hidden + residual
-
-
-def _runner(model, requests):
-    bounds = np.cumsum([0] + [n for _, n, _ in requests])
-    states = {rid: types.SimpleNamespace(sampling_params=types.SimpleNamespace(extra_args=x)) for rid, _, x in requests}
-    return types.SimpleNamespace(
-        input_batch=types.SimpleNamespace(num_reqs=len(requests), req_ids=[r for r, _, _ in requests]),
-        query_start_loc=types.SimpleNamespace(np=bounds),
-        requests=states,
-        get_model=lambda: model,
-        model_config=types.SimpleNamespace(hf_text_config=types.SimpleNamespace(num_hidden_layers=3)),
-    )
-
-
-def _xargs(additions, prompt_length):
-    return steering_fields(additions, prompt_length).get("vllm_xargs")
-
-
 def _step(model, batch, steering):
     """One engine step: `batch` = [(req_id, token ids, first position)]; returns (output, hooks, token bounds)."""
     requests = [(rid, len(ids), steering.get(rid)) for rid, ids, _ in batch]
@@ -108,7 +69,7 @@ def _step(model, batch, steering):
 @pytest.fixture
 def toy():
     torch.manual_seed(0)
-    return ToyModel()
+    return ToyModel(ToyAttention, _linear)
 
 
 def _unit(seed, width=HIDDEN):
