@@ -1,7 +1,8 @@
 """Files that concurrent jobs share in a save_dir: atomic writes, JSON reads that name the file, an fcntl lock.
 
 Invariants: a shared file is only ever replaced whole (`os.replace` of a temporary file in the same directory),
-so a reader sees the old content or the new one, never a partial file; a read-check-write sequence on shared
+so a reader sees the old content or the new one, never a partial file, and its mode is what `open(path, "w")` would
+give (0666 less the process's umask), like every other file a job writes; a read-check-write sequence on shared
 files runs under `locked(<save_dir>/.lock)`, one process at a time (advisory `fcntl.flock`, which works on
 local and NFS-v4 filesystems); `locked(..., on_wait=...)` says when it has to wait for another holder.
 
@@ -27,12 +28,26 @@ from typing import Any
 import pandas as pd
 
 
+def current_umask() -> int:
+    """The process's umask, read without changing it where `/proc/self/status` says it (Linux 4.7+)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)  # elsewhere: read by setting it, then restore it at once
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write `text` to `path` atomically: a temporary file in the same directory, fsynced, then `os.replace`."""
+    """Write `text` to `path` atomically: a temporary file in the same directory, fsynced, then `os.replace`.
+
+    The file gets mode 0666 less the umask, as `open(path, "w")` gives (`mkstemp` alone would leave 0600)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
             handle.write(text)
             handle.flush()

@@ -99,3 +99,18 @@ def test_samples_csv_round_trips_control_characters_quotes_and_emoji(tmp_path):
     with open(tmp_path / "samples.csv", newline="", encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle))
     assert [r["completion"] for r in rows] == texts and [r["sample_id"] for r in rows] == [str(i) for i in range(7)]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_written_files_follow_the_umask_as_open_does(tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        write_csv(pd.DataFrame({"a": [1]}), tmp_path / "results.csv")
+        write_json(tmp_path / "job_record.json", {"a": 1})
+        with open(tmp_path / "plain.txt", "w") as handle:  # what a plot's writer gets
+            handle.write("x")
+    finally:
+        os.umask(old)
+    expected = 0o666 & ~umask
+    modes = {p.name: p.stat().st_mode & 0o777 for p in tmp_path.iterdir()}
+    assert modes == {"results.csv": expected, "job_record.json": expected, "plain.txt": expected}
