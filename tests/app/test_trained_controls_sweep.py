@@ -31,7 +31,7 @@ def _arms(root: Path, data: Path, rows: Path) -> tuple[str, dict[str, str]]:
         "dpo": "defaults:\n  - /control@controls.dpo: dpo_adapter\n"
         f"controls:\n  dpo: {{data: '{data}', {TRAIN_STEPS}}}",
         "reft": "defaults:\n  - /control@controls.reft: loreft\n"
-        f"controls:\n  reft: {{data: '{data}', epochs: 5, learning_rate: 0.01}}",
+        f"controls:\n  reft: {{data: '{data}', layer: 0, epochs: 10, learning_rate: 0.01}}",
         "prewrite": "defaults:\n  - /control@controls.opt: prewrite\n"
         f"controls:\n  opt: {{data: '{rows}', rl_steps: 1, num_generations: 2, reward_rows: 1, num_rewrites: 1, "
         f"{OPTIMIZE}}}",
