@@ -168,6 +168,11 @@ class AppConfig:
     # pirate, money, dragons, sadness, shakespearean, french) or the path of a concept file (.yaml / .yml; see
     # steer_hydra/tasks/concepts.py). Pre-flight loads it, so a bad file is refused before any model loads.
     concept: str = "weddings"
+    # The study's concept list and how many of it to run (read by the study sweeper from the command line, never
+    # by a job): concepts=[a,b], concepts=<file listing them>, concepts=axbench:<folder or hub id> or
+    # concepts=steereval:<...> (a published dataset's concepts; steer_hydra/tasks/concept_sets.py); concepts_limit=N.
+    concepts: Optional[Any] = None  # noqa: UP045
+    concepts_limit: Optional[int] = None  # noqa: UP045
 
 
 SCHEMA_NAME = "steer_hydra_schema"

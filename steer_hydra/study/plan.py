@@ -15,8 +15,11 @@ the arms that follow them at the chosen point, on the test suite and each cost s
   slowest, so ties in the objective go to the gentlest intervention.
 
 Command-line overrides reach every job; `arm=a,b`, `strength=x,y`, `concept=a,b` (or `concepts=[a,b]`, or
-`concepts=<file listing one concept per line>`) set the study's arms, strength grid and concepts; any other sweep
-is refused (one study per save_dir and seed).
+`concepts=<file listing one concept per line>`, or a published dataset's set, `concepts=axbench:<folder or hub id>`
+/ `concepts=steereval:<...>`, expanded into its concepts by `tasks/concept_sets.py`) set the study's arms, strength
+grid and concepts, and `concepts_limit=N` keeps the first N usable concepts; every concept is checked before any job
+launches (the unusable ones are left out with one warning; none usable is refused); any other sweep is refused (one
+study per save_dir and seed).
 """
 
 from __future__ import annotations
@@ -117,6 +120,7 @@ class StudyPlan:
     dev_suite: str = "concept_steering_dev"
     test_suite: str = "concept_steering_test"
     cost_suites: list[str] = field(default_factory=list)
+    concepts_limit: int | None = None  # `concepts_limit=N`: the first N usable concepts of the command line's list
 
     def __post_init__(self) -> None:
         self.strengths = sorted((float(s) for s in self.strengths), key=lambda s: (abs(s), s))
@@ -145,8 +149,10 @@ class StudyPlan:
 
     # ------------------------------------------------------------------------------------------ the command line
     def take_arguments(self, arguments: Sequence[str]) -> list[str]:
-        """Apply the study's own overrides (`arm`, `strength`, `concept`, `concepts`); return those for every job."""
+        """Apply the study's own overrides (`arm`, `strength`, `concept`, `concepts`, `concepts_limit`); return those
+        for every job."""
         passthrough = []
+        concepts: list[Any] | None = None
         for override in OverridesParser.create().parse_overrides(list(arguments)):
             key = override.get_key_element()
             values = list(override.sweep_string_iterator()) if override.is_sweep_override() else [override.value()]
@@ -155,7 +161,9 @@ class StudyPlan:
             elif key == "strength":
                 self.strengths = sorted((float(v) for v in values), key=lambda s: (abs(s), s))
             elif key in ("concept", "concepts"):
-                self.concepts = concept_list(values)
+                concepts = values
+            elif key == "concepts_limit":
+                self.concepts_limit = None if values[0] is None else int(values[0])
             elif override.is_sweep_override():
                 raise ValueError(
                     f"StudySweeper: `{override.input_line}` sweeps {key!r}; a study sweeps only `arm`, `strength` "
@@ -163,6 +171,8 @@ class StudyPlan:
                 )
             else:
                 passthrough.append(override.input_line)
+        if concepts is not None or self.concepts_limit is not None:
+            self.concepts = concept_list(self.concepts if concepts is None else concepts, limit=self.concepts_limit)
         return passthrough
 
     # ------------------------------------------------------------------------------------------ grids
@@ -230,9 +240,17 @@ class StudyPlan:
         return choices[(concept, method)]
 
 
-def concept_list(values: Sequence[Any]) -> list[str]:
-    """Concept names or files from `concept=`/`concepts=` values: a list, names, or one file (`.txt`: one concept
-    per line, `#` comments; `.yaml`/`.yml` holding a list) that lists them."""
+def concept_list(values: Sequence[Any], limit: int | None = None) -> list[str]:
+    """Concepts from `concept=`/`concepts=` values: a list, names, or one file (`.txt`: one concept per line, `#`
+    comments; `.yaml`/`.yml` holding a list) that lists them; a dataset's set expanded into its concepts and every
+    concept checked (`tasks.concept_sets.expand_concepts`), then the first `limit` kept."""
+    from steer_hydra.tasks.concepts import expand_concepts
+
+    return expand_concepts(_listed(values), limit=limit)
+
+
+def _listed(values: Sequence[Any]) -> list[str]:
+    """The concepts `values` list, as given (see `concept_list`)."""
     flat: list[str] = []
     for value in values:
         flat += [str(v) for v in value] if isinstance(value, (list, tuple)) else [str(value)]

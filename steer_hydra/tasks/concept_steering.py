@@ -17,9 +17,13 @@ the first three 0/1/2 with an LLM judge; here they are rules, so they are cheap,
 
 `degenerate` in the study's statistics is `fluency_score < 0.5`.
 
-`concept` is a built-in concept's name or the path of a concept file (`load_concept`). Each sample's metadata
-holds `concept` (its name), `concept_description`, `instruction` (the instruction text), `keywords` (the
-subject's), `split` and `runtime_kwargs` (the instruction as PASTA `substrings`): what a model judge needs.
+`concept` is a built-in concept's name, the path of a concept file or a dataset concept's reference
+(`load_concept`). A dataset concept that brings its own evaluation instructions (`Concept.instructions`: AxBench's
+and SteerEval's, `tasks/concept_sets.py`) is evaluated on those, in the dataset's dev/test splits and with its
+sample ids, instead of the 132 neutral instructions; `keywords` are then the instruction's own content words.
+Each sample's metadata holds `concept` (its name), `concept_description`, `instruction` (the instruction text),
+`keywords` (the subject's), `split` and `runtime_kwargs` (the instruction as PASTA `substrings`): what a model
+judge needs.
 """
 
 from __future__ import annotations
@@ -57,8 +61,10 @@ _REPLACEMENT = "\ufffd"
 
 def concept_samples(concept: str | Path | Concept = "weddings", split: str = "all") -> list[Sample]:
     """The split's samples in id order; metadata holds the concept (name and description), the instruction, the
-    subject keywords and the split."""
+    subject keywords and the split. A concept with instructions of its own is asked those (see the module)."""
     found = load_concept(concept)
+    if found.instructions:
+        return _own_samples(found, split)
     chosen = set(split_ids(split))
     dev = set(split_ids("dev"))
     return [
@@ -77,6 +83,29 @@ def concept_samples(concept: str | Path | Concept = "weddings", split: str = "al
         )
         for sample_id, instruction, keywords in _ordered_items()
         if sample_id in chosen
+    ]
+
+
+def _own_samples(concept: Concept, split: str) -> list[Sample]:
+    """A dataset concept's samples: its own instructions of `split` (`all`: every one), in the dataset's order."""
+    if split not in SPLITS:
+        raise ValueError(f"concept_steering: split must be one of {SPLITS}; got {split!r}.")
+    return [
+        Sample(
+            id=item.id,
+            input=item.text,
+            target=concept.name,
+            metadata={
+                "concept": concept.name,
+                "concept_description": concept.description,
+                "instruction": item.text,
+                "keywords": list(item.keywords),
+                "split": item.split,
+                "runtime_kwargs": {"substrings": [item.text]},
+            },
+        )
+        for item in concept.instructions
+        if split in ("all", item.split)
     ]
 
 

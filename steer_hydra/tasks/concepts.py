@@ -16,8 +16,15 @@ A concept file holds:
 - `system_prompt` (optional): the prompting baseline's system prompt (default: built from the description).
 
 The built-in concepts are the files of `concept_data/` (`builtin_concepts()`); `load_concept` takes one of their
-names or the path of any `.yaml` / `.yml` file. Invariant: a file either loads completely or is refused with one
-`ConceptFileError` naming the file, the line of the offending entry and the fix; nothing is half-read.
+names, the path of any `.yaml` / `.yml` file, or a dataset concept's reference (`axbench:<folder or hub id>@<id>`,
+`steereval:<folder or hub id>@<domain>/<id>`: read by `tasks/concept_sets.py`). Invariant: a file either loads
+completely or is refused with one `ConceptFileError` naming the file, the line (or row) of the offending entry and
+the fix; nothing is half-read.
+
+A dataset concept also carries `instructions`: the dataset's own evaluation instructions (`Instruction`: sample id,
+text, split `dev` or `test`, and the keywords that show an answer addresses it), which the concept-steering task
+asks instead of its built-in neutral instructions. A concept file has none (`instructions == ()`), so the built-in
+concepts keep the task's instructions, sample ids and splits.
 
 The configs reach the concept through these functions by `_target_` (`concept_pairs`, `concept_actadd_prompt`,
 `concept_system_prompt`), with the job's top-level `concept` key as their argument.
@@ -27,81 +34,41 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
-from dataclasses import dataclass, field, fields
+from collections.abc import Iterable, Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-KINDS = ("topic", "sentiment", "style", "language")
+from steer_hydra.tasks.concept_types import (  # noqa: F401 - the concept's types, re-exported
+    DATASET_LAYOUTS,
+    KINDS,
+    MIN_PAIRS,
+    Concept,
+    ConceptFileError,
+    ConceptSetError,
+    ContrastPair,
+    Instruction,
+    default_actadd,
+    default_system_prompt,
+)
+
+logger = logging.getLogger(__name__)
+
 REQUIRED_KEYS = ("name", "description", "kind", "pairs")
 OPTIONAL_KEYS = ("lexicon", "actadd", "system_prompt")
 VALID_KEYS = REQUIRED_KEYS + OPTIONAL_KEYS
 PAIR_KEYS = ("prompt", "positive", "negative")
 ACTADD_KEYS = ("positive", "negative")
-MIN_PAIRS = 2
 FILE_SUFFIXES = (".yaml", ".yml")
 LINE_WIDTH = 118  # `concept_yaml` wraps the lexicon at this width
 DATA_DIR = Path(__file__).parent / "concept_data"  # the built-in concepts, shipped with the package
 
 _NAME = re.compile(r"[a-z0-9_]+")
 _STEM = re.compile(r"[a-z']+")  # what the rule scorer's words are made of
-
-
-class ConceptFileError(ValueError):
-    """A concept that cannot be loaded: the message names the file, the line of the offending entry and the fix."""
-
-    def __init__(self, path: str | Path | None, problem: str, fix: str, line: int | None = None):
-        self.path = None if path is None else str(path)
-        self.line = line
-        at = f" (line {line})" if line else ""
-        prefix = "" if path is None else f"{path}: "
-        super().__init__(f"{prefix}{problem}{at}. Fix: {fix}.")
-
-
-@dataclass(frozen=True, slots=True)
-class ContrastPair:
-    """One everyday prompt, answered once with the concept (`positive`) and once without it (`negative`)."""
-
-    prompt: str
-    positive: str
-    negative: str
-
-    def as_dict(self) -> dict[str, str]:
-        return {"prompt": self.prompt, "positive": self.positive, "negative": self.negative}
-
-
-@dataclass(frozen=True, slots=True)
-class Concept:
-    """A steering concept (see the module). `actadd` and `system_prompt` default from the name and the
-    description; `source` is the file it was read from (not part of equality)."""
-
-    name: str
-    description: str
-    kind: str
-    pairs: tuple[ContrastPair, ...]
-    lexicon: tuple[str, ...] = ()
-    actadd: tuple[str, str] | None = None
-    system_prompt: str | None = None
-    source: str = field(default="", compare=False)
-
-    def __post_init__(self) -> None:
-        if self.actadd is None:
-            object.__setattr__(self, "actadd", default_actadd(self.name))
-        if self.system_prompt is None:
-            object.__setattr__(self, "system_prompt", default_system_prompt(self.description))
-
-
-def default_actadd(name: str) -> tuple[str, str]:
-    """ActAdd's prompt pair for a concept without one: Turner et al.'s wording around the name."""
-    subject = name.replace("_", " ")
-    return f"I talk about {subject} constantly", f"I do not talk about {subject} constantly"
-
-
-def default_system_prompt(description: str) -> str:
-    """The prompting baseline's system prompt for a concept without one: it states the description."""
-    return f"Bring this concept into every answer, while still answering what is asked ({description.rstrip('.')})."
 
 
 # ---------------------------------------------------------------------------------------------- public API
@@ -117,6 +84,10 @@ def load_concept(name_or_path: str | Path | Concept) -> Concept:
     """
     if isinstance(name_or_path, Concept):
         return name_or_path
+    if not isinstance(name_or_path, Path) and is_dataset_reference(str(name_or_path)):
+        from steer_hydra.tasks.concept_sets import load_dataset_concept
+
+        return load_dataset_concept(str(name_or_path))
     path = concept_file(name_or_path)
     entries = _read_mapping(path)
     _check_keys(path, entries)
@@ -134,14 +105,91 @@ def concept_name(name_or_path: str | Path) -> str:
     try:
         return load_concept(name_or_path).name
     except ConceptFileError:
+        if not isinstance(name_or_path, Path) and is_dataset_reference(str(name_or_path)):
+            return re.sub(r"[^a-z0-9]+", "_", str(name_or_path).lower()).strip("_")[-60:]
         return Path(str(name_or_path)).stem
 
 
 def concept_digest(name_or_path: str | Path | Concept) -> str:
-    """A digest of the concept's content (every field but its source), so an edited file is a different concept."""
+    """A digest of the concept's content (every field but its source), so an edited file is a different concept.
+    A concept without instructions (every concept file) leaves that field out, so its digest is what it was before
+    concepts could carry instructions."""
     concept = load_concept(name_or_path)
-    content = {f.name: getattr(concept, f.name) for f in fields(concept) if f.name != "source"}
+    content = {
+        f.name: getattr(concept, f.name)
+        for f in fields(concept)
+        if f.name != "source" and not (f.name == "instructions" and not concept.instructions)
+    }
     return hashlib.sha256(json.dumps(content, default=lambda v: v.as_dict()).encode()).hexdigest()[:16]
+
+
+def is_dataset_reference(text: str) -> bool:
+    """Whether `text` names a concept (or a set of concepts) of a published dataset: `axbench:...`, `steereval:...`."""
+    layout, colon, _ = text.strip().partition(":")
+    return bool(colon) and layout.lower() in DATASET_LAYOUTS
+
+
+def expand_concepts(values: Iterable[str], limit: int | None = None) -> list[str]:
+    """A study's concept list: dataset set references expanded into one reference per concept (a local folder made
+    absolute), every concept checked, the unusable ones left out with one warning listing them (with their fixes),
+    duplicates (by name) dropped, then the first `limit` kept. Refuses (`ConceptFileError`) an empty result.
+    """
+    if limit is not None and int(limit) < 1:
+        raise ValueError(f"concepts_limit must be a positive number of concepts; got {limit!r}. Fix: concepts_limit=N.")
+    given = [str(v).strip() for v in values]
+    chosen: list[str] = []
+    names: dict[str, str] = {}
+    skipped: list[str] = []
+    for value in given:
+        if limit is not None and len(chosen) >= int(limit):
+            break
+        try:
+            candidates = _candidates(value, skipped)
+        except ConceptFileError as error:
+            skipped.append(f"{value}: {error}")
+            continue
+        for reference, name in candidates:
+            if limit is not None and len(chosen) >= int(limit):
+                break
+            if name in names:
+                skipped.append(
+                    f"{reference}: concept {name!r} is already in the list ({names[name]}). Fix: list it once"
+                )
+                continue
+            names[name] = reference
+            chosen.append(reference)
+    if skipped:
+        logger.warning(_skipped_message(skipped, len(chosen)))
+    if not chosen:
+        more = f" | and {len(skipped) - 3} more (listed above)" if len(skipped) > 3 else ""
+        reasons = " | ".join(skipped[:3]) + more if skipped else "the list is empty. Fix: name at least one concept"
+        raise ConceptSetError(f"no concept of {given!r} can be used: {reasons}")
+    return chosen
+
+
+def _candidates(value: str, skipped: list[str]) -> list[tuple[str, str]]:
+    """`(reference, name)` of each usable concept `value` holds (one, or a set's); a set's left-out lines go to
+    `skipped`. Raises `ConceptFileError` when `value` itself cannot be used."""
+    if not is_dataset_reference(value):
+        return [(value, load_concept(value).name)]
+    from steer_hydra.tasks import concept_sets
+
+    ref = concept_sets.parse_reference(value)
+    if ref.key is None:
+        concept_set = concept_sets.load_concept_set(value)
+        skipped.extend(concept_set.skipped)
+        return [(r, c.name) for r, c in zip(concept_set.references(), concept_set.concepts, strict=True)]
+    concept = concept_sets.load_dataset_concept(value)
+    return [(concept_sets.portable_reference(ref).concept(str(ref.key)), concept.name)]
+
+
+def _skipped_message(skipped: Sequence[str], kept: int, shown: int = 30) -> str:
+    lines = [f"  - {line}" for line in skipped[:shown]]
+    if len(skipped) > shown:
+        lines.append(f"  - ... and {len(skipped) - shown} more")
+    return f"concepts: left out {len(skipped)} unusable row(s) or concept(s); the other {kept} run:\n" + "\n".join(
+        lines
+    )
 
 
 def concept_file(name_or_path: str | Path) -> Path:

@@ -8,6 +8,7 @@ import pytest
 
 from steer_hydra.study.plan import Point, StudyPlan, concept_list
 from steer_hydra.study.selection import Objective, chosen_points, select_points
+from steer_hydra.tasks.concepts import concept_yaml, load_concept
 
 # (strength, layer) -> dev objective of every sample; (0.6, 8) wins on dev, (1.2, 12) would win on test
 DEV = {(0.6, 8): 0.7, (0.6, 12): 0.4, (1.2, 8): 0.2, (1.2, 12): 0.5}
@@ -105,7 +106,10 @@ def test_the_command_line_sets_arms_grid_and_concepts(tmp_path):
     listing.write_text("weddings\n# a comment\njoy  # trailing\n\n")
     assert concept_list([str(listing)]) == ["weddings", "joy"]
     concept_file = tmp_path / "mine.yaml"
-    concept_file.write_text("name: mine\n")
+    concept_file.write_text(concept_yaml(load_concept("joy")).replace("name: joy", "name: mine", 1))
     assert concept_list([str(concept_file)]) == [str(concept_file)]  # one concept file, not a list
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: broken\n")
+    assert concept_list(["joy", str(broken), str(concept_file)]) == ["joy", str(concept_file)]  # checked, left out
     with pytest.raises(ValueError, match="sweeps only"):
         _plan().take_arguments(["seed=1,2"])
