@@ -134,7 +134,7 @@ def check_arms_beside_baseline(sweep: Path, arms: list[str], out: str) -> tuple[
     the baseline's samples and changed some completion against the baseline's on the same sample, and has a
     12-character config id and a row in `out`; the job records carry the same config ids. Returns `({arm: config
     id}, the results table)`."""
-    samples = pd.read_csv(sweep / "aggregate" / "samples.csv")
+    samples = pd.read_csv(sweep / "aggregate" / "samples.csv", keep_default_na=False)  # an empty completion is ""
     keys = ["task", "sample_id", "trial_id"]
     base = samples[samples["arm"] == "baseline"].drop_duplicates(keys).set_index(keys)["completion"]
     table = pd.read_csv(sweep / "aggregate" / "results_table.csv")

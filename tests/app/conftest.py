@@ -47,6 +47,17 @@ def compose_cfg():
 
 
 @pytest.fixture
+def study():
+    """`study(*overrides, return_hydra_config=False)` -> the concept study's config
+    (`experiment=concept_steering`) composed with `overrides`; GlobalHydra cleared before and after."""
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="steer_hydra.conf", version_base="1.3"):
+        yield lambda *overrides, **kw: compose("config", overrides=["experiment=concept_steering", *overrides], **kw)
+    GlobalHydra.instance().clear()
+
+
+@pytest.fixture
 def run_app(tmp_path):
     """`run_app(*args, env=None, cwd=tmp_path)` runs `python -m steer_hydra` offline; returns CompletedProcess."""
 

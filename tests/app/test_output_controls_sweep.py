@@ -10,16 +10,12 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from app_helpers import job_records, sweep_dir
-from hydra import compose, initialize_config_module
-from hydra.core.global_hydra import GlobalHydra
+from app_helpers import SMALL, check_arms_beside_baseline, sweep_dir, write_arms
 from hydra.utils import instantiate
 
 from steer_hydra.app.plan import JobPlan, to_plain
-from steer_hydra.app.schema import register_configs
 from steer_hydra.study.plan import StudyPlan
 
-SMALL = ["suite.limit=1", "suite.generate_overrides.max_tokens=8", "logger=none", "progress=false"]
 EXPERT = "steer_hydra:tiny?seed=1&hidden_size=32"
 ANTI = "steer_hydra:tiny?seed=2&hidden_size=32"
 # arm name -> (control option, overrides of its arguments on the tiny model, the control class it builds)
@@ -37,13 +33,12 @@ ARMS = {
 
 
 def _arm_files(root: Path) -> str:
-    """Write each arm of ARMS as a user arm file under `root/arm`; returns the search-path override."""
-    folder = root / "user_conf" / "arm"
-    folder.mkdir(parents=True)
-    for name, (option, args, _) in ARMS.items():
-        body = f"defaults:\n  - /control@controls.c: {option}\ncontrols:\n  c: {args}\nname: {name}\n"
-        (folder / f"{name}.yaml").write_text(f"# @package arm\n{body}")
-    return f"hydra.searchpath=[file://{root / 'user_conf'}]"
+    """Write each arm of ARMS as a user arm file under `root/user_conf/arm`; returns the search-path override."""
+    arms = {
+        name: f"defaults:\n  - /control@controls.c: {option}\ncontrols:\n  c: {args}"
+        for name, (option, args, _) in ARMS.items()
+    }
+    return write_arms(root, arms)
 
 
 @pytest.mark.slow
@@ -52,32 +47,12 @@ def test_each_new_control_runs_beside_the_baseline_in_one_sweep(run_main, tmp_pa
     code, out, err = run_main("--multirun", "model=tiny", search, f"arm=baseline,{','.join(ARMS)}", *SMALL)
     assert code == 0, err[-3000:]
     sweep = sweep_dir(tmp_path)
-    folder = sweep / "aggregate"
-    samples = pd.read_csv(folder / "samples.csv")
-    keys = ["task", "sample_id", "trial_id"]
-    base = samples[samples["arm"] == "baseline"].drop_duplicates(keys).set_index(keys)["completion"]
-    table = pd.read_csv(folder / "results_table.csv")
-    ids = dict(zip(table["arm"], table["config_id"], strict=False))
-    assert set(ids) == {"baseline", *ARMS} and ids["baseline"] == "baseline"
-    assert len({ids[arm] for arm in ARMS}) == len(ARMS) and all(len(ids[arm]) == 12 for arm in ARMS)
-    for arm in ARMS:
-        steered = samples[samples["arm"] == arm].drop_duplicates(keys).set_index(keys)["completion"]
-        assert len(steered) > 0 and set(steered.index) == set(base.index), arm
-        assert (steered.fillna("") != base.loc[steered.index].fillna("")).any(), f"{arm} left every completion as is"
-        assert f" {arm} " in out, arm
+    ids, _ = check_arms_beside_baseline(sweep, list(ARMS), out)
+    assert ids["baseline"] == "baseline" and len({ids[arm] for arm in ARMS}) == len(ARMS)
+    samples = pd.read_csv(sweep / "aggregate" / "samples.csv")
     for arm in ("phased", "routed"):  # the forced text is in every completion of the phased plans
         completions = samples.loc[samples["arm"] == arm, "completion"].fillna("")
         assert completions.str.startswith("Answer:").all(), arm
-    assert {(r["arm"], r["config_id"]) for r in job_records(sweep)} == set(ids.items())
-
-
-@pytest.fixture
-def study():
-    register_configs()
-    GlobalHydra.instance().clear()
-    with initialize_config_module(config_module="steer_hydra.conf", version_base="1.3"):
-        yield lambda *overrides, **kw: compose("config", overrides=["experiment=concept_steering", *overrides], **kw)
-    GlobalHydra.instance().clear()
 
 
 def test_each_new_control_joins_the_concept_study_as_an_arm_run_once_at_no_grid_point(study, tmp_path):

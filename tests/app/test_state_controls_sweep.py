@@ -8,13 +8,10 @@ from pathlib import Path
 
 import pytest
 from app_helpers import SMALL, check_arms_beside_baseline, sweep_dir, write_arms
-from hydra import compose, initialize_config_module
-from hydra.core.global_hydra import GlobalHydra
 from hydra.utils import instantiate
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from steer_hydra.app.plan import JobPlan
-from steer_hydra.app.schema import register_configs
 from steer_hydra.controls.state import CAST, ITI, ActivationAdapter, AngularSteering
 from steer_hydra.study.plan import StudyPlan
 from steer_hydra.tasks.concepts import concept_pairs
@@ -39,15 +36,6 @@ def test_each_new_state_control_runs_in_one_sweep_beside_the_baseline_on_tiny(ru
 
 def _plain(value):
     return OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else value
-
-
-@pytest.fixture
-def study():
-    register_configs()
-    GlobalHydra.instance().clear()
-    with initialize_config_module(config_module="steer_hydra.conf", version_base="1.3"):
-        yield lambda *overrides, **kw: compose("config", overrides=["experiment=concept_steering", *overrides], **kw)
-    GlobalHydra.instance().clear()
 
 
 def test_the_concept_arms_join_the_study_with_their_own_strength_axes(study):
