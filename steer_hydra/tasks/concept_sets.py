@@ -126,7 +126,8 @@ _STOPWORDS = frozenset(
     under until upon using very want well were what when where whether which while will with within without would
     write writing your yours instance instances reference references term terms phrase phrases word words mention
     mentions specific particularly various context contexts concept concepts expression expressions element elements
-    content contents sentence sentences paragraph short include including includes""".split()
+    content contents sentence sentences paragraph short include including includes how why who whom the and for you
+    are was not but can any all its our out get got use has had did may own too via yes one two""".split()
 )
 
 
@@ -685,9 +686,8 @@ def content_words(text: str, shortest: int = MIN_WORD) -> list[str]:
 def instruction_keywords(text: str) -> tuple[str, ...]:
     """The stems `instruction_score` looks for in an answer to `text`: its content words (a plural's final s
     dropped), distinct, at most `MAX_KEYWORDS`, in order."""
-    stems = [
-        w[:-1] if w.endswith("s") and not w.endswith("ss") and len(w) > MIN_WORD else w for w in content_words(text)
-    ]
+    words = content_words(text, shortest=3)  # a subject may be short (cat, sea, tea), as built-in keywords are
+    stems = [w[:-1] if w.endswith("s") and not w.endswith("ss") and len(w) > MIN_WORD else w for w in words]
     return tuple(dict.fromkeys(stems))[:MAX_KEYWORDS]
 
 
