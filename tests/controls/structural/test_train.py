@@ -222,3 +222,33 @@ def test_a_concept_arm_trains_on_the_concepts_pairs_never_on_the_task_instructio
         assert len(prompts) >= 16 and not prompts & evaluated
         if control_cls is SFTAdapter:  # AxBench's SFT arm: the concept's positive answers
             assert {row["completion"][0]["content"] for row in rows} == {p["positive"] for p in concept_pairs(concept)}
+
+
+@pytest.mark.slow
+def test_a_lora_trained_on_smollm2_is_served_merged_and_reused(tmp_path):
+    """SmolLM2 (tied embeddings, its own chat template), offline: two SFT steps of a small LoRA, applied merged, the
+    base restored at release, and the second steer trains nothing."""
+    rows = [{"prompt": "What is the capital of France?", "response": "Paris, of course!"}] * 2
+    settings = {
+        "max_steps": 2,
+        "batch_size": 2,
+        "lora_r": 2,
+        "target_modules": ["q_proj", "v_proj"],
+        "learning_rate": 1e-3,
+        "max_length": 64,
+        "save_steps": 100,
+        "cache_dir": str(tmp_path),
+    }
+    pipeline = SteeringPipeline("steer_hydra:smollm2", controls=[SFTAdapter(data=rows, **settings)]).steer()
+    model = pipeline.model
+    probe = model.model.layers[0].self_attn.q_proj.weight
+    merged = probe.detach().clone()
+    answer = pipeline.generate(
+        messages=[{"role": "user", "content": "What is the capital of France?"}], max_new_tokens=12, do_sample=False
+    )
+    assert pipeline.controls[0].trained_steps == 2 and "Paris" in answer
+    pipeline.release()
+    assert not torch.equal(probe.detach(), merged)  # the base's weights are back in place
+    again = SFTAdapter(data=rows, **settings)
+    SteeringPipeline("steer_hydra:smollm2", controls=[again]).steer().release()
+    assert again.trained_steps == 0
