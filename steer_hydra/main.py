@@ -35,8 +35,14 @@ def app(cfg: DictConfig) -> float:
         sys.exit(f"steer_hydra: invalid configuration: {' '.join(str(error).split())}")
 
 
+INTERRUPTED_EXIT = 130  # 128 + SIGINT, what a shell reports for a program stopped by Ctrl-C
+
+
 def main() -> Any:
-    """`python -m steer_hydra ARGS`: the Hydra app, its console redacted of the secrets in ARGS and the env."""
+    """`python -m steer_hydra ARGS`: the Hydra app, its console redacted of the secrets in ARGS and the env.
+
+    Ctrl-C (SIGINT) ends the program with status 130 and one line: the job writes no job record and no tables
+    (nothing that looks finished), and the samples that finished stay in their Inspect logs for the re-run."""
     redactor = Redactor(sys.argv[1:])
     with redacted_console(redactor):
         try:
@@ -45,6 +51,14 @@ def main() -> Any:
             if isinstance(exited.code, str) and redactor:
                 raise SystemExit(redactor.text(exited.code)) from None
             raise
+        except KeyboardInterrupt as interrupted:
+            detail = " ".join(str(interrupted).split()) or "Interrupted."
+            print(
+                f"steer_hydra: interrupted (Ctrl-C). {detail} No job record or results table was written for the "
+                "unfinished job. Fix: re-run the same command to resume (finished samples are reused from the logs).",
+                file=sys.stderr,
+            )
+            raise SystemExit(INTERRUPTED_EXIT) from None
 
 
 if __name__ == "__main__":

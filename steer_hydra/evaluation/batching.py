@@ -83,6 +83,7 @@ PromptPath = Literal["messages", "text"]
 # when no request is expected, and while requesters served earlier have not come back yet (see `_gather`).
 FILL_PATIENCE = 16
 AWAITED_FILL_PATIENCE = 2048
+CLOSE_WAIT = 60.0  # seconds `close()` waits for a dispatch in flight to end
 
 
 @dataclass(eq=False, slots=True)
@@ -245,8 +246,23 @@ class LockLeaderCollator:
         return self._closed
 
     def close(self) -> None:
-        """Refuse new admissions; a batch already in flight completes and delivers its results."""
+        """Refuse new admissions; a batch already in flight completes and delivers its results, and `close` waits
+        for it (at most `CLOSE_WAIT` seconds), so no thread is left generating when the program exits (after a
+        Ctrl-C, a daemon thread inside torch at exit aborts the process)."""
         self._closed = True
+        self._join_worker()
+
+    def _join_worker(self) -> None:
+        """Wait up to `CLOSE_WAIT` seconds for the worker thread to end (not from the worker itself)."""
+        worker = self._worker
+        if worker is None or worker is threading.current_thread() or not worker.is_alive():
+            return
+        worker.join(CLOSE_WAIT)
+        if worker.is_alive():
+            logger.warning(
+                "A generation in flight did not end within %.0fs of closing its provider; it is left running.",
+                CLOSE_WAIT,
+            )
 
     @property
     def inert_runtime_kwargs(self) -> frozenset[str]:

@@ -57,6 +57,7 @@ class RefillCollator(LockLeaderCollator):
         self._worker: threading.Thread | None = None
         self._engine: Any = None
         self._engine_keys: tuple[str, ...] | None = None
+        self._in_engine: set[BatchRequest] = set()  # records admitted to the engine and not finished
         self.static_dispatches = 0
 
     @property
@@ -64,7 +65,9 @@ class RefillCollator(LockLeaderCollator):
         return len(self._inbox)
 
     def close(self) -> None:
-        """Refuse new admissions; rows in flight finish; the engine (and its model reference) is dropped after."""
+        """Refuse new admissions; rows in flight finish, except rows whose requesters stopped waiting (their samples
+        were cancelled, e.g. by Ctrl-C), which are dropped at the next step; waits for the worker thread to end
+        (at most `CLOSE_WAIT` seconds); the engine (and its model reference) is dropped after."""
         super().close()
         with self._inbox_lock:
             if self._worker is None:
@@ -91,6 +94,7 @@ class RefillCollator(LockLeaderCollator):
             await record.done.wait()
         finally:
             if not record.done.is_set():
+                record.abandoned = True  # nobody waits for it any more: once closed, its row is dropped
                 with self._inbox_lock:  # a waiter cancelled while queued is never dispatched
                     if record in self._inbox:
                         self._inbox.remove(record)
@@ -115,6 +119,8 @@ class RefillCollator(LockLeaderCollator):
                     self._run_static(static)
                 if refill:
                     self._admit(refill)
+                if self._closed and self._engine is not None and self._nobody_waits():
+                    self._engine.abort(RuntimeError("The provider was closed while no requester waited for the row."))
                 if self._engine is not None:
                     self._engine.step()
         except BaseException as error:  # the loop itself broke: fail what it holds, let the next request restart it
@@ -129,6 +135,10 @@ class RefillCollator(LockLeaderCollator):
             for record in stranded:
                 self._finish(record, None, error)
             raise
+
+    def _nobody_waits(self) -> bool:
+        """Whether every row in the engine belongs to a requester that stopped waiting (worker thread)."""
+        return not self._engine.idle and all(record.abandoned for record in list(self._in_engine))
 
     def _take(self) -> tuple[list[BatchRequest], list[BatchRequest]]:
         """Under the inbox lock: the next records for the engine (one batch key, up to the room) or for a static
@@ -173,9 +183,11 @@ class RefillCollator(LockLeaderCollator):
             self._run_static(group)
             return
         self._engine_keys = tuple(sorted(leader.per_sample_runtime_kwargs))
+        self._in_engine.update(record for record in group if record.output is None and record.error is None)
 
     def _callback(self, record: BatchRequest) -> Callable[[Any, BaseException | None], None]:
         def on_done(output: Any, error: BaseException | None) -> None:
+            self._in_engine.discard(record)
             self._finish(record, output, error)
 
         return on_done

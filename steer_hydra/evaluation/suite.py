@@ -20,6 +20,13 @@ Invariants:
   samples can be checked; their task identity, and so resume, is unchanged;
 - an unreadable log in a cell's directory (truncated, not a zip) is moved aside (`logs.readable_logs`) before
   `eval_set` reads the directory, so the cell is evaluated again instead of every run failing on it;
+- an interrupted evaluation is never a result: Inspect answers a Ctrl-C (SIGINT) by cancelling the running task,
+  writing its finished samples to a log of status `cancelled` and returning from `eval_set` as if the tasks it did
+  not reach did not exist. A task without a returned log, or a cancelled log, raises `EvaluationInterrupted` (a
+  `KeyboardInterrupt`, so nothing downstream takes the partial run for a finished one) naming the tasks that did
+  not finish and the log directory, where the finished samples wait for the re-run;
+- a number that should not be reported is not returned: when `eval_set` reports failure, every log that is not
+  `success` (short of failed samples only) and every log Inspect marks invalidated raises, naming the log;
 - extra scorers (`run(scorers={task: [...]})`, e.g. a model judge beside a task's rule scorers) are appended to the
   named tasks' own scorers; the models they call come through `model_roles`, which Inspect counts in a task's
   identity (scorers it does not).
@@ -218,11 +225,17 @@ class InspectSuite:
         if scorers:
             tasks, kwargs = _with_scorers(tasks, kwargs, scorers)
         success, logs = eval_set(tasks, log_dir=str(log_dir), **kwargs)
+        _check_finished(tasks, logs, log_dir, success)
         if success:
             return list(logs)
-        broken = [log for log in logs if getattr(log, "status", None) != "success" and not is_partial(log)]
-        if broken or not logs:
-            details = "; ".join(_failure_summary(log) for log in broken) or "no log was written"
+        broken = [log for log in logs if _not_reportable(log)]
+        if broken or not logs or not any(is_partial(log) for log in logs):
+            details = "; ".join(_failure_summary(log) for log in broken) or (
+                "no log was written"
+                if not logs
+                else "eval_set reported a failure that no log shows: "
+                + ", ".join(f"{_log_task(log)} ({getattr(log, 'location', None)})" for log in logs)
+            )
             raise RuntimeError(
                 f"Inspect eval_set failed (logs under {log_dir}): {details}. Fix the cause (inspect view --log-dir "
                 f"{log_dir} shows each error); re-running the same command resumes from the logs."
@@ -231,6 +244,66 @@ class InspectSuite:
             if is_partial(log):
                 logger.warning("%s", _failure_summary(log))
         return list(logs)
+
+
+class EvaluationInterrupted(KeyboardInterrupt):
+    """An evaluation stopped by an interrupt (Ctrl-C) before every task finished: the message names the tasks that
+    did not finish and the log directory that keeps the finished samples. A `KeyboardInterrupt`, so it passes
+    every `except Exception` and ends the program as an interrupt does."""
+
+
+def _log_task(log: Any) -> str:
+    return str(getattr(getattr(log, "eval", None), "task", "unknown"))
+
+
+def _not_reportable(log: Any) -> bool:
+    """A log whose numbers are not a result: not `success` (short of failed samples only), or invalidated."""
+    if getattr(log, "invalidated", False):
+        return True
+    return getattr(log, "status", None) != "success" and not is_partial(log)
+
+
+def _check_finished(tasks: Sequence[Any], logs: Sequence[Any], log_dir: Path, success: bool) -> None:
+    """Raise `EvaluationInterrupted` when `eval_set` came back without finishing every task because it was
+    interrupted (a cancelled log, returned or left in `log_dir`); RuntimeError when a task has no log otherwise
+    (a failure without any log is left to the failure report)."""
+    names = [task_name(task) for task in tasks]
+    returned = {_log_task(log) for log in logs}
+    short = len(logs) < len(names) and (success or bool(logs))
+    missing = [name for name in names if name not in returned] if short else []
+    cancelled = [_log_task(log) for log in logs if getattr(log, "status", None) == "cancelled"]
+    if not missing and not cancelled:
+        return
+    cancelled += [task for task in _cancelled_on_disk(log_dir) if task not in cancelled]
+    unfinished = list(dict.fromkeys([*cancelled, *missing]))
+    if cancelled:
+        raise EvaluationInterrupted(
+            f"Interrupted: task(s) {', '.join(unfinished)} did not finish; the samples that did are kept in the "
+            f"logs under {log_dir}. Re-running the same command evaluates only the rest."
+        )
+    raise RuntimeError(
+        f"Inspect eval_set returned no log for task(s) {', '.join(missing)} (logs under {log_dir}), so the run is "
+        "incomplete and no result is reported. Fix: re-run the same command; it resumes from the logs."
+    )
+
+
+def _cancelled_on_disk(log_dir: Path) -> list[str]:
+    """The tasks of the logs in `log_dir` whose header says `cancelled` (best effort: [] when unreadable)."""
+    from inspect_ai.log import list_eval_logs, read_eval_log
+
+    found = []
+    try:
+        infos = list_eval_logs(str(log_dir), recursive=False)
+    except Exception:  # noqa: BLE001 - an unreadable directory says nothing of an interrupt
+        return []
+    for info in infos:
+        try:
+            header = read_eval_log(info.name, header_only=True)
+        except Exception:  # noqa: BLE001 - an unreadable log is moved aside by the next run
+            continue
+        if header.status == "cancelled":
+            found.append(_log_task(header))
+    return found
 
 
 def _leave_out_unwritable_samples(tasks: list[Any], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
@@ -411,10 +484,15 @@ def _memory_dataset(dataset: Any, samples: list[Any]) -> Any:
 
 def _failure_summary(log: Any, shown: int = 3) -> str:
     """`task: N of M sample(s) failed: id 3: ValueError: ...` (or the task's own error when it failed whole)."""
-    task = str(getattr(getattr(log, "eval", None), "task", "unknown"))
+    task = _log_task(log)
     error = getattr(log, "error", None)
     if error is not None:
         return f"task {task} failed: {_first_line(getattr(error, 'message', error))}"
+    if getattr(log, "invalidated", False):
+        return (
+            f"task {task}: Inspect marks its log {getattr(log, 'location', None)} invalidated (samples were "
+            "invalidated after it was written), so its numbers are not reported"
+        )
     outcomes = _sample_outcomes(log)
     failures = [(sample_id, error) for sample_id, error in outcomes if error]
     if not failures:

@@ -59,6 +59,44 @@ main()
 """
 
 
+# A control that sends the job Ctrl-C (SIGINT) when the second task's first prompts arrive: the first task has
+# finished and logged its samples, the second is running. It counts the prompts it sees in a file.
+INTERRUPTING = """
+import os, signal
+from pathlib import Path
+
+from steer_hydra.core import InputControl
+
+SEEN = 0
+
+
+class Interrupting(InputControl):
+    supports_batching = True
+
+    def adapt_messages(self, messages_batch, runtime_kwargs):
+        global SEEN
+        after = int(os.environ.get("INTERRUPT_AFTER", "0"))
+        if after and SEEN >= after:
+            os.kill(os.getpid(), signal.SIGINT)
+        SEEN += len(messages_batch)
+        with open(os.environ["PROMPTS_FILE"], "a") as handle:
+            handle.write(f"{len(messages_batch)}\\n")
+        return messages_batch
+"""
+
+# `python -c WITH_CTRL_C ARGS`: the app with Python's own Ctrl-C handler (a test runner's child may inherit SIGINT
+# ignored).
+WITH_CTRL_C = """
+import signal, sys
+
+from steer_hydra.main import main
+
+signal.signal(signal.SIGINT, signal.default_int_handler)
+sys.argv[0] = "steer_hydra"
+main()
+"""
+
+
 def _job(tmp_path: Path, *overrides: str) -> list[str]:
     return [*FAST, f"output_root={tmp_path / 'outputs'}", "logger=none", f"+api_token={SECRET}", *overrides]
 
@@ -113,6 +151,79 @@ def test_a_job_killed_at_its_claim_does_not_block_the_corrected_command(sig, run
     assert json.loads((protocol / f"{SUITE}.json").read_text())  # now the corrected job's protocol
     assert not list((protocol / "holders").iterdir())
     assert _leaks(tmp_path, [out, err, fixed_out, fixed_err]) == []
+
+
+def _samples_in_logs(save_dir: Path) -> dict[str, tuple[str, list[str]]]:
+    """`{task: (status, ids of its finished samples)}` of the newest log of each task under save_dir."""
+    from inspect_ai.log import list_eval_logs, read_eval_log
+
+    found: dict[str, tuple[str, list[str]]] = {}
+    for info in sorted(list_eval_logs(str(save_dir / "inspect_logs")), key=lambda i: i.mtime or 0):
+        log = read_eval_log(info.name)
+        finished = [str(s.id) for s in log.samples or [] if s.error is None and s.scores]
+        found[log.eval.task] = (log.status, finished)
+    return found
+
+
+@pytest.mark.slow
+def test_ctrl_c_mid_job_exits_130_writes_no_record_and_loses_no_finished_sample(tmp_path, env):
+    """Ctrl-C while the second of three tasks generates: exit 130 with one line, no job record or table, the first
+    task's samples kept; the re-run generates exactly the samples no log holds finished."""
+    arms = tmp_path / "user_conf" / "arm"
+    arms.mkdir(parents=True)
+    (arms / "interrupting.yaml").write_text(
+        "# @package arm\nname: interrupting\ncontrols:\n  r:\n    _target_: interrupting_controls.Interrupting\n"
+    )
+    (tmp_path / "interrupting_controls.py").write_text(INTERRUPTING)
+    prompts = tmp_path / "prompts.txt"
+    limit = 4
+    args = [
+        "model=tiny",
+        f"output_root={tmp_path / 'outputs'}",
+        "logger=none",
+        "progress=false",
+        f"+api_token={SECRET}",
+        f"suite.limit={limit}",
+        "suite.generate_overrides.max_tokens=8",
+        "arm=interrupting",
+        f"hydra.searchpath=[file://{tmp_path / 'user_conf'}]",
+    ]
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "PROMPTS_FILE": str(prompts), "HYDRA_FULL_ERROR": "0"}
+
+    def run(**extra: str) -> subprocess.CompletedProcess:
+        prompts.write_text("")
+        return subprocess.run(
+            [sys.executable, "-c", WITH_CTRL_C, *args],
+            cwd=tmp_path,
+            env={**env, **extra},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    interrupted = run(INTERRUPT_AFTER=str(limit))  # the first task's prompts are all through
+    assert interrupted.returncode == 130, interrupted.stderr[-3000:]
+    lines = [line for line in interrupted.stderr.splitlines() if line.startswith("steer_hydra: interrupted")]
+    assert len(lines) == 1 and "Traceback" not in interrupted.stderr, interrupted.stderr[-3000:]
+    assert "re-run the same command" in lines[0] and "did not finish" in lines[0]
+    assert "terminate called" not in interrupted.stderr  # no thread left generating at exit
+    assert not list((tmp_path / "outputs").rglob("job_record.json"))  # nothing that looks like a finished job
+    assert not list((tmp_path / "outputs").rglob("results.csv")) and "Objective" not in interrupted.stdout
+    kept = _samples_in_logs(_save_dir(tmp_path))
+    assert kept["steer_hydra/short_answer"] == ("success", [f"sa-{i:02d}" for i in range(1, limit + 1)])
+    assert any(status == "cancelled" for status, _ in kept.values())
+    finished = sum(len(ids) for _, ids in kept.values())
+
+    resumed = run()
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    generated = sum(int(n) for n in prompts.read_text().split())
+    assert generated == 3 * limit - finished  # every finished sample reused, every other one generated once
+    assert len(list((tmp_path / "outputs").rglob("job_record.json"))) == 1
+    done = _samples_in_logs(_save_dir(tmp_path))
+    assert {task: (status, len(ids)) for task, (status, ids) in done.items()} == {
+        task: ("success", limit) for task in done
+    } and len(done) == 3
+    assert _leaks(tmp_path, [interrupted.stdout, interrupted.stderr, resumed.stdout, resumed.stderr]) == []
 
 
 def test_damaged_logs_indexes_and_records_are_recovered_or_refused_in_one_line(run_main, tmp_path, env):

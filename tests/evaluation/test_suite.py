@@ -12,7 +12,9 @@ from steer_hydra.analysis.logs import normalize_location
 from steer_hydra.evaluation.suite import InspectSuite, flatten_logs
 
 
-def _log(task, location, *, status="success", metrics=None, n=3, total=None, scorer="includes", error=None):
+def _log(
+    task, location, *, status="success", metrics=None, n=3, total=None, scorer="includes", error=None, invalidated=False
+):
     metrics = metrics or {"accuracy": 0.5, "stderr": 0.1}
     results = SimpleNamespace(
         scores=[SimpleNamespace(name=scorer, metrics={k: SimpleNamespace(value=v) for k, v in metrics.items()})],
@@ -20,7 +22,12 @@ def _log(task, location, *, status="success", metrics=None, n=3, total=None, sco
         total_samples=n if total is None else total,
     )
     return SimpleNamespace(
-        status=status, eval=SimpleNamespace(task=task), results=results, location=location, error=error
+        status=status,
+        eval=SimpleNamespace(task=task),
+        results=results,
+        location=location,
+        error=error,
+        invalidated=invalidated,
     )
 
 
@@ -145,7 +152,7 @@ def test_sample_ids_run_one_eval_set_per_task_in_its_own_dir(fake_inspect, tmp_p
 
 # ------------------------------------------------------------------------------------------ 93 failure
 def test_a_failed_eval_set_raises_naming_tasks_and_logs(fake_inspect, tmp_path):
-    fake_inspect.status = {"t/b": "error", "t/a": "cancelled"}
+    fake_inspect.status = {"t/b": "error", "t/a": "error"}
     suite = InspectSuite(name="s", tasks=("t/c", "t/b", "t/a"))
     with pytest.raises(RuntimeError, match=r"eval_set failed \(logs under ") as info:
         suite.run(object(), log_dir=tmp_path)
@@ -163,6 +170,57 @@ def test_a_failure_without_logs_says_unknown(monkeypatch, fake_inspect, tmp_path
     monkeypatch.setattr(inspect_ai, "eval_set", lambda tasks, log_dir, **kw: (False, []))
     with pytest.raises(RuntimeError, match=r"no log was written"):
         InspectSuite(name="s", tasks=("t/a",)).run(object(), log_dir=tmp_path)
+
+
+def test_an_invalidated_log_behind_a_failed_eval_set_raises_naming_it(monkeypatch, fake_inspect, tmp_path):
+    import inspect_ai
+
+    good = _log("t/a", str(tmp_path / "a.eval"))
+    invalid = _log("t/b", str(tmp_path / "b.eval"), invalidated=True)  # status success, samples invalidated
+    monkeypatch.setattr(inspect_ai, "eval_set", lambda tasks, log_dir, **kw: (False, [good, invalid]))
+    with pytest.raises(RuntimeError, match="eval_set failed") as info:
+        InspectSuite(name="s", tasks=("t/a", "t/b")).run(object(), log_dir=tmp_path)
+    assert f"Inspect marks its log {tmp_path / 'b.eval'} invalidated" in str(info.value)
+    assert "t/a" not in str(info.value)
+
+
+def test_a_failure_that_no_log_shows_is_not_a_result(monkeypatch, fake_inspect, tmp_path):
+    import inspect_ai
+
+    good = _log("t/a", str(tmp_path / "a.eval"))
+    monkeypatch.setattr(inspect_ai, "eval_set", lambda tasks, log_dir, **kw: (False, [good]))
+    with pytest.raises(RuntimeError, match=r"reported a failure that no log shows: t/a \("):
+        InspectSuite(name="s", tasks=("t/a",)).run(object(), log_dir=tmp_path)
+
+
+def test_a_cancelled_log_is_an_interrupt_naming_the_tasks_and_where_the_samples_are(fake_inspect, tmp_path):
+    from steer_hydra.evaluation.suite import EvaluationInterrupted
+
+    fake_inspect.status = {"t/b": "cancelled"}
+    with pytest.raises(EvaluationInterrupted) as info:
+        InspectSuite(name="s", tasks=("t/a", "t/b")).run(object(), log_dir=tmp_path)
+    assert isinstance(info.value, KeyboardInterrupt)  # passes every `except Exception` as Ctrl-C does
+    assert "task(s) t/b did not finish" in str(info.value) and str(tmp_path) in str(info.value)
+    assert fake_inspect.closed == 1
+
+
+def test_a_successful_eval_set_missing_a_task_is_never_a_result(monkeypatch, fake_inspect, tmp_path):
+    """Inspect's eval_set answers Ctrl-C by returning success with the logs of the tasks that finished, leaving the
+    cancelled task's log on disk and the tasks it did not reach without one."""
+    import inspect_ai
+
+    import steer_hydra.evaluation.suite as suite_module
+    from steer_hydra.evaluation.suite import EvaluationInterrupted
+
+    first = _log("t/a", str(tmp_path / "a.eval"))
+    monkeypatch.setattr(inspect_ai, "eval_set", lambda tasks, log_dir, **kw: (True, [first]))
+    suite = InspectSuite(name="s", tasks=("t/a", "t/b", "t/c"))
+    monkeypatch.setattr(suite_module, "_cancelled_on_disk", lambda log_dir: ["t/b"])
+    with pytest.raises(EvaluationInterrupted, match=r"task\(s\) t/b, t/c did not finish"):
+        suite.run(object(), log_dir=tmp_path)
+    monkeypatch.setattr(suite_module, "_cancelled_on_disk", lambda log_dir: [])
+    with pytest.raises(RuntimeError, match=r"returned no log for task\(s\) t/b, t/c"):
+        suite.run(object(), log_dir=tmp_path)
 
 
 # ------------------------------------------------------------------------------------------ 94-95 flattening
