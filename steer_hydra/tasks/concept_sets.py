@@ -215,15 +215,17 @@ def load_dataset_concept(reference: str, timeout_s: float = HUB_TIMEOUT_S) -> Co
         )
     folder = dataset_folder(ref, timeout_s)
     stamp = _stamp(ref.layout, folder)
-    data = _read(ref.layout, str(folder), stamp)
-    if ref.key not in data.keys:
+    # a job reads one AxBench concept's rows (and the shared negatives), not all 36k
+    only = ref.key if ref.layout == "axbench" and _concept_id(ref.key) == ref.key else None
+    if ref.key not in _read(ref.layout, str(folder), stamp, only).keys:
+        data = _read(ref.layout, str(folder), stamp)
         shown = ", ".join(data.keys[:8]) + (", ..." if len(data.keys) > 8 else "")
         raise ConceptFileError(
             None,
             f"{reference}: no concept {ref.key!r} in {folder} (its concepts: {shown or 'none'})",
             "name a concept the dataset has",
         )
-    built, _ = _build(ref.layout, str(folder), stamp, ref.key)
+    built, _ = _build(ref.layout, str(folder), stamp, ref.key, only)
     if not isinstance(built, Concept):
         raise ConceptFileError(None, f"{reference}: {built.removesuffix('.')}", "name another concept of the set")
     return _sourced(built, reference)
@@ -388,16 +390,20 @@ class _Dataset:
     problems: list[str]  # rows that belong to no concept
 
 
-@lru_cache(maxsize=8)
-def _read(layout: str, folder: str, stamp: tuple) -> _Dataset:
-    return _read_axbench(Path(folder)) if layout == "axbench" else _read_steereval(Path(folder))
+@lru_cache(maxsize=16)
+def _read(layout: str, folder: str, stamp: tuple, only: str | None = None) -> _Dataset:
+    """The dataset's rows by concept; `only` (AxBench): just that concept's rows and the shared negatives, which
+    give the same concept as the full read."""
+    return _read_axbench(Path(folder), only) if layout == "axbench" else _read_steereval(Path(folder))
 
 
-@lru_cache(maxsize=2048)
-def _build(layout: str, folder: str, stamp: tuple, key: str) -> tuple[Concept | str, tuple[str, ...]]:
+@lru_cache(maxsize=4096)
+def _build(
+    layout: str, folder: str, stamp: tuple, key: str, only: str | None = None
+) -> tuple[Concept | str, tuple[str, ...]]:
     """The concept `key` of the dataset (or the one line saying why it cannot be used), and the lines naming the
     rows of it that were left out."""
-    return _concept(_read(layout, folder, stamp).rows[key])
+    return _concept(_read(layout, folder, stamp, only).rows[key])
 
 
 def _sourced(concept: Concept, reference: str) -> Concept:
@@ -444,6 +450,17 @@ def _parquet(path: Path, required: Sequence[str]) -> Any:
     return frame
 
 
+def _only(frame: Any, key: str | None) -> Any:
+    """The rows of concept `key` and those of no concept (-1 or missing: the shared negatives); all for None.
+    The frame's index keeps each row's number in its file."""
+    if key is None:
+        return frame
+    import pandas as pd
+
+    ids = pd.to_numeric(frame["concept_id"], errors="coerce")
+    return frame[(ids == int(key)) | (ids == -1) | ids.isna()]
+
+
 def _concept_id(value: Any) -> str | None:
     """AxBench's concept_id as text ('12'), or None when it is not an integer."""
     try:
@@ -453,7 +470,7 @@ def _concept_id(value: Any) -> str | None:
     return str(int(number)) if number == int(number) else None
 
 
-def _read_axbench(folder: Path) -> _Dataset:
+def _read_axbench(folder: Path, only: str | None = None) -> _Dataset:
     train_path = _first(folder, AXBENCH_TRAIN_FILES)
     test_path = _first(folder, AXBENCH_TEST_FILES)
     assert train_path is not None  # _check_layout
@@ -463,8 +480,8 @@ def _read_axbench(folder: Path) -> _Dataset:
             f"has no evaluation file ({' or '.join(AXBENCH_TEST_FILES)})",
             "give the subset's test split too: the study asks each concept's evaluation instructions from it",
         )
-    train = _parquet(train_path, AXBENCH_TRAIN_COLUMNS)
-    test = _parquet(test_path, AXBENCH_TEST_COLUMNS)
+    train = _only(_parquet(train_path, AXBENCH_TRAIN_COLUMNS), only)
+    test = _only(_parquet(test_path, AXBENCH_TEST_COLUMNS), only)
     described: dict[str, str] = {}
     metadata = _first(folder, AXBENCH_METADATA_FILES)
     if metadata is not None:
@@ -480,8 +497,7 @@ def _read_axbench(folder: Path) -> _Dataset:
     rows: dict[str, _Rows] = {}
     positives: dict[str, list[tuple[int, dict]]] = {}
     negatives: list[tuple[int, dict]] = []
-    records = train.to_dict("records")
-    for index, row in enumerate(records):
+    for index, row in zip(train.index, train.to_dict("records"), strict=True):
         where = f"{train_path} row {index}"
         category = _text(row.get("category")).lower()
         if category not in ("positive", "negative"):
@@ -510,7 +526,7 @@ def _read_axbench(folder: Path) -> _Dataset:
         text = described.get(key) or _text(positives[key][0][1].get("output_concept"))
         rows[key] = _Rows(key, _name("axbench", key, text), text, "topic")
     _pair_axbench(train_path, positives, negatives, rows)
-    for index, row in enumerate(test.to_dict("records")):
+    for index, row in zip(test.index, test.to_dict("records"), strict=True):
         key = _concept_id(row.get("concept_id"))
         if key not in rows or _text(row.get("category")).lower() != "positive":
             continue

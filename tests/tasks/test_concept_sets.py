@@ -133,6 +133,7 @@ def test_a_dataset_concept_reaches_the_controls_and_the_digest_through_its_refer
     reference = f"{axbench}@7"
     concept = load_concept(reference)
     assert concept_name(reference) == concept.name and concept.source == reference
+    assert concept == load_concept_set(axbench).concepts[1]  # a job's read of one concept gives the same concept
     assert concept_pairs(reference) == [p.as_dict() for p in concept.pairs]
     assert concept_pairs(reference)[0] == {
         "prompt": "What did you do last summer?",
@@ -153,6 +154,8 @@ def test_a_dataset_concept_reaches_the_controls_and_the_digest_through_its_refer
 def test_an_unknown_concept_or_a_set_given_as_one_concept_is_refused_with_the_fix(axbench):
     with pytest.raises(ConceptFileError, match=r"no concept '42' .* \(its concepts: 3, 7, 11\)\. Fix: name a concept"):
         load_concept(f"{axbench}@42")
+    with pytest.raises(ConceptFileError, match=r"no concept 'gardening' .* \(its concepts: 3, 7, 11\)"):
+        load_concept(f"{axbench}@gardening")
     with pytest.raises(ConceptFileError, match=r"names a whole set of concepts, not one\. Fix: give the set as"):
         load_concept(axbench)
 
