@@ -476,7 +476,14 @@ class PromptOptimizer(InputControl):
         dtype = getattr(torch, dtype) if isinstance(dtype, str) and dtype != "auto" else (dtype or torch.float32)
         dtype = dtype if isinstance(dtype, torch.dtype) else torch.float32
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, trust_remote_code=trust_remote_code)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, trust_remote_code=trust_remote_code)
+        except OSError as error:
+            raise ValueError(
+                f"{type(self).__name__} optimizes on the Hugging Face model of {model_path!r}, which does not load "
+                f"here ({error}). Fix: make model.model_name_or_path a local checkpoint (or a Hub id) of the model "
+                "the engine serves, or choose the instruction on backend=huggingface first (it is cached)."
+            ) from error
         try:
             self.tokenizer = tokenizer
             self._run(model.to(device).eval(), tokenizer)

@@ -468,6 +468,10 @@ class SFTAdapter(TrainedAdapter):
 
     TRAINER = "sft"
 
+    @dataclass(frozen=True)
+    class Args(TrainedAdapter.Args):
+        """`TrainedAdapter.Args` (its own class, so a refusal names SFTAdapter)."""
+
     def format_row(self, row: Mapping[str, Any], *, chat: bool) -> dict[str, Any]:
         where = f"{type(self).__name__}.data"
         if row.get("messages"):
