@@ -181,8 +181,9 @@ class ConceptSet:
         return [self.reference.concept(key) for key in self.keys]
 
 
-def load_concept_set(reference: str, timeout_s: float = HUB_TIMEOUT_S) -> ConceptSet:
-    """Every usable concept of `reference` (`axbench:<folder or hub id>`, `steereval:...`; see the module).
+def load_concept_set(reference: str, timeout_s: float = HUB_TIMEOUT_S, limit: int | None = None) -> ConceptSet:
+    """Every usable concept of `reference` (`axbench:<folder or hub id>`, `steereval:...`; see the module), or its
+    first `limit` usable ones (the concepts after them are not built, nor their rows checked).
 
     Raises `ConceptFileError` when the folder, a file or a required column is missing, or the Hub cannot be read.
     """
@@ -192,6 +193,8 @@ def load_concept_set(reference: str, timeout_s: float = HUB_TIMEOUT_S) -> Concep
     data = _read(ref.layout, str(folder), _stamp(ref.layout, folder))
     concepts, keys, skipped = [], [], list(data.problems)
     for key in data.keys:
+        if limit is not None and len(concepts) >= limit:
+            break
         built, problems = _build(ref.layout, str(folder), _stamp(ref.layout, folder), key)
         skipped.extend(problems)
         if isinstance(built, Concept):

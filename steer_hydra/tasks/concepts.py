@@ -144,7 +144,7 @@ def expand_concepts(values: Iterable[str], limit: int | None = None) -> list[str
         if limit is not None and len(chosen) >= int(limit):
             break
         try:
-            candidates = _candidates(value, skipped)
+            candidates = _candidates(value, skipped, None if limit is None else int(limit) - len(chosen))
         except ConceptFileError as error:
             skipped.append(f"{value}: {error}")
             continue
@@ -167,16 +167,16 @@ def expand_concepts(values: Iterable[str], limit: int | None = None) -> list[str
     return chosen
 
 
-def _candidates(value: str, skipped: list[str]) -> list[tuple[str, str]]:
-    """`(reference, name)` of each usable concept `value` holds (one, or a set's); a set's left-out lines go to
-    `skipped`. Raises `ConceptFileError` when `value` itself cannot be used."""
+def _candidates(value: str, skipped: list[str], wanted: int | None) -> list[tuple[str, str]]:
+    """`(reference, name)` of each usable concept `value` holds (one, or a set's first `wanted`); a set's left-out
+    lines go to `skipped`. Raises `ConceptFileError` when `value` itself cannot be used."""
     if not is_dataset_reference(value):
         return [(value, load_concept(value).name)]
     from steer_hydra.tasks import concept_sets
 
     ref = concept_sets.parse_reference(value)
     if ref.key is None:
-        concept_set = concept_sets.load_concept_set(value)
+        concept_set = concept_sets.load_concept_set(value, limit=wanted)
         skipped.extend(concept_set.skipped)
         return [(r, c.name) for r, c in zip(concept_set.references(), concept_set.concepts, strict=True)]
     concept = concept_sets.load_dataset_concept(value)
