@@ -27,7 +27,10 @@ asks instead of its built-in neutral instructions. A concept file has none (`ins
 concepts keep the task's instructions, sample ids and splits.
 
 The configs reach the concept through these functions by `_target_` (`concept_pairs`, `concept_actadd_prompt`,
-`concept_system_prompt`), with the job's top-level `concept` key as their argument.
+`concept_system_prompt`), with the job's top-level `concept` key as their argument. `expand_concepts` makes a
+study's concept list: dataset sets expanded into their concepts, every concept checked before any job launches, the
+unusable ones left out with one warning, `concepts_limit` applied. The types (`Concept`, `ContrastPair`,
+`Instruction`, `ConceptFileError`) live in `tasks/concept_types.py` and are re-exported here.
 """
 
 from __future__ import annotations
