@@ -46,6 +46,15 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     os.environ["STEER_HYDRA_CACHE"] = shared or str(tmp_path_factory.mktemp("steer_hydra_cache"))
 
 
+@pytest.fixture(autouse=True)
+def _nothing_stays_resident():
+    """A base model a test's run kept resident (`core.resident`) never reaches the next test of this worker."""
+    yield
+    from steer_hydra.core import resident
+
+    resident.configure(False)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     import importlib.util
 

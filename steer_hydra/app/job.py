@@ -36,6 +36,7 @@ from steer_hydra.app.report import print_report, report_text, table_title
 from steer_hydra.app.results import delta_summary, summary_metrics, track
 from steer_hydra.app.secrets import Redactor, redact, redact_overrides
 from steer_hydra.app.tracking import wandb_key, wandb_run
+from steer_hydra.core import resident
 from steer_hydra.evaluation.provider import redact_errors_with
 
 logger = logging.getLogger(__name__)
@@ -67,18 +68,20 @@ def freeze_long_lived_objects() -> None:
 
 
 def memory_report() -> dict[str, Any]:
-    """This process's resident memory (MiB, Linux) and how many transformers models are still alive."""
+    """This process's resident memory (MiB, Linux), how many transformers models are still alive, and the base
+    model or engine kept for the next job (`core.resident`; None with `residency=false`)."""
     import gc
 
     from transformers import PreTrainedModel
 
+    gc.unfreeze()  # objects frozen at the job's start (a resident model among them) are counted too
     gc.collect()
     rss = None
     statm = Path("/proc/self/statm")
     if statm.exists():
         rss = int(statm.read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
     live = sum(1 for obj in gc.get_objects() if issubclass(type(obj), PreTrainedModel))  # type(): no lazy attrs
-    return {"pid": os.getpid(), "rss_mib": rss, "live_models": live}
+    return {"pid": os.getpid(), "rss_mib": rss, "live_models": live, "resident": resident.resident_label()}
 
 
 SLURM_VARIABLES = ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURMD_NODENAME")

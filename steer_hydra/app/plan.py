@@ -124,6 +124,7 @@ class JobPlan:
     experiment: str = ""  # `experiment_name`: recorded in every Inspect log's metadata
     judge: str | None = None  # `judge`: the model judge of the suite's concept tasks (`app.judge`), or None
     judged_tasks: tuple[str, ...] = ()  # the suite's tasks the judge scores
+    residency: bool = True  # `residency`: keep the loaded base for the next job of this process (`core.resident`)
     _runner: SteeringEval | None = field(default=None, repr=False)
     _claim: SuiteClaim | None = field(default=None, repr=False)
     _backend_identity: dict[str, Any] | None = field(default=None, repr=False)
@@ -191,6 +192,7 @@ class JobPlan:
             experiment=str(plain.get("experiment_name") or ""),
             judge=judge,
             judged_tasks=judged,
+            residency=bool(plain.get("residency", True)),
         )
 
     @property
@@ -297,6 +299,7 @@ class JobPlan:
                 "seed": self.seed,
             },
             task_arg_digests={"concept": lambda concept: concept_digest(str(concept))},
+            residency=self.residency,
             **self._judging(),
         )
 

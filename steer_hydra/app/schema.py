@@ -168,6 +168,10 @@ class AppConfig:
     # pirate, money, dragons, sadness, shakespearean, french) or the path of a concept file (.yaml / .yml; see
     # steer_hydra/tasks/concepts.py). Pre-flight loads it, so a bad file is refused before any model loads.
     concept: str = "weddings"
+    # Keep the loaded base model (or booted vLLM engine) for the next job of this process that uses the same model
+    # (a sweep under the basic launcher, a joblib/Ray worker): controls are applied to it and released from it, as on
+    # a fresh load. false: every job loads its own (steer_hydra/core/resident.py).
+    residency: bool = True
     # The study's concept list and how many of it to run (read by the study sweeper from the command line, never
     # by a job): concepts=[a,b], concepts=<file listing them>, concepts=axbench:<folder or hub id> or
     # concepts=steereval:<...> (a published dataset's concepts; steer_hydra/tasks/concept_sets.py); concepts_limit=N.

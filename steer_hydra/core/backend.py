@@ -33,6 +33,10 @@ BACKENDS: dict[str, str] = {
     "vllm": "steer_hydra.backends.vllm.offline:VLLMBackend",
     "vllm_serve": "steer_hydra.backends.vllm.serve:VLLMServeBackend",
 }
+# The kinds whose backend class checks its options before anything loads (`Backend.check_options`). Pre-flight
+# imports no other backend module (the Hugging Face one imports transformers); a test pins this set to the classes
+# that override the check.
+CHECKS_OPTIONS = frozenset({"vllm", "vllm_serve"})
 _ALIASES: dict[str, str] = {"hf": "huggingface", "vllm-serve": "vllm_serve"}  # older inputs, normalized on entry
 
 
@@ -73,7 +77,10 @@ class BackendSpec:
         return canonical_json({"kind": self.kind, "options": self.options})
 
     def check_options(self) -> list[str]:
-        """Problems with the options found without loading anything (`Backend.check_options`), one line each."""
+        """Problems with the options found without loading anything (`Backend.check_options`), one line each;
+        a kind outside `CHECKS_OPTIONS` has none, and its module is not imported."""
+        if self.kind not in CHECKS_OPTIONS:
+            return []
         return backend_class(self.kind).check_options(self.options)
 
     def protocol_options(self) -> dict[str, Any]:
@@ -160,6 +167,10 @@ class Backend(ABC):
             f"Backend {self.kind!r} has no refill engine (supports_refill is False). Fix: use static batching "
             "(ProviderOptions.batching='static' or 'auto'), or backend=huggingface."
         )
+
+    # "resident" when load() took what an earlier job of this process left (`core.resident`), "loaded" when it
+    # loaded or booted its own, None for a backend that does neither (it was given its model, or it is a server)
+    residency: str | None = None
 
     @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> list[str]:

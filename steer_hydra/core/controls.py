@@ -415,6 +415,9 @@ class StructuralControl(BaseControl):
 
     category = "structural"
     supports_batching = True
+    # True for a control that edits the model it is given in place and restores it exactly at release (a LoRA
+    # adapter): it runs on a shared or resident base instead of loading a model of its own
+    restores_base = False
 
     def steer(self, model: torch.nn.Module | None, tokenizer: Any = None, **kwargs: Any) -> torch.nn.Module:
         raise NotImplementedError(f"{type(self).__name__} must implement steer() and return the model.")

@@ -201,6 +201,11 @@ class SteeringPipeline:
                 control.tokenizer = self.tokenizer
 
     # ------------------------------------------------------------------ release
+    @property
+    def residency(self) -> str | None:
+        """Whether the steered backend took a resident model or engine ("resident") or loaded its own ("loaded")."""
+        return self._backend.residency if self._backend is not None else None
+
     def release(self) -> None:
         """Run each control's cleanup, free the backend (model memory); the pipeline can be steered again."""
         if self._backend is not None:

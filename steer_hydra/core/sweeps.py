@@ -8,9 +8,13 @@ Invariants:
 - `PipelineFactory.steered()` holds at most one configuration's pipeline at a time and always releases it; a
   configuration that loads its own model (structural, or another backend) first drops the shared base, so at most
   one model is resident;
-  Hugging Face configurations without an enabled structural control share one preloaded base model, and a
-  tripwire (model fingerprint, sampled weights, registered hooks, attention implementation, tokenizer) drops
-  that base when a configuration left it changed, so the next configuration never sees another's edits.
+  Hugging Face configurations without an enabled structural control that replaces the model (one that restores the
+  base it edits, a LoRA adapter, runs on it) share one preloaded base model, and a tripwire (model fingerprint,
+  sampled weights, registered hooks, attention implementation, tokenizer) drops that base when a configuration
+  left it changed, so the next configuration never sees another's edits;
+- with residency on (`core.resident`), the shared base outlives the factory: `release()` hands an unchanged base to
+  the process's resident slot, and the next factory of the same model (the next job of a sweep in this process)
+  takes it instead of loading; `residency` says which happened ("resident" or "loaded").
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 
 import torch
 
+from steer_hydra.core import resident
 from steer_hydra.core.backend import BackendSpec
 from steer_hydra.core.controls import BaseControl, StructuralControl, declared_scopes
 from steer_hydra.core.identity import BASELINE_CONFIG_ID, config_digest, model_fingerprint
@@ -237,6 +242,7 @@ class PipelineFactory:
         self._base_tokenizer: Any = None
         self._base_state: tuple | None = None
         self._shared_base_fingerprint: str | None = None
+        self.residency: str | None = None  # "resident" (taken from the process) or "loaded", once a base is held
 
     @property
     def backend_kind(self) -> str:
@@ -252,7 +258,7 @@ class PipelineFactory:
         return (
             self.share_base
             and self.backend.kind == "huggingface"
-            and not any(isinstance(c, StructuralControl) and c.enabled for c in controls)
+            and not any(isinstance(c, StructuralControl) and c.enabled and not c.restores_base for c in controls)
         )
 
     def build(self, controls: Sequence[BaseControl]) -> SteeringPipeline:
@@ -263,14 +269,24 @@ class PipelineFactory:
                 self.source, controls, self.backend, model=self._base_model, tokenizer=self._base_tokenizer
             )
         self.release()  # a configuration with its own model: never hold two models at once
+        resident.drop()
         return SteeringPipeline(self.source, controls, self.backend)
+
+    @property
+    def _residency_key(self) -> str:
+        return resident.residency_key(self.source.identity(), self.backend.kind, self.backend.protocol_options())
 
     def _ensure_base(self) -> None:
         if self._base_model is not None:
             return
-        loader = SteeringPipeline(self.source, backend=self.backend).steer()
-        self._base_model, self._base_tokenizer = loader.model, loader.tokenizer
-        loader.release()  # drops the loader's references; ours keep the model alive
+        held = resident.take(self._residency_key) if resident.is_enabled() else None
+        if held is not None:
+            (self._base_model, self._base_tokenizer), self.residency = held, "resident"
+        else:
+            loader = SteeringPipeline(self.source, backend=self.backend).steer()
+            self._base_model, self._base_tokenizer = loader.model, loader.tokenizer
+            loader.release()  # drops the loader's references; ours keep the model alive
+            self.residency = "loaded"
         self._base_state = self._state()
         self._shared_base_fingerprint = self._base_state[0]
 
@@ -331,8 +347,14 @@ class PipelineFactory:
         self._shared_base_fingerprint = None
 
     def release(self) -> None:
-        """Free the shared base model and forget its fingerprint (safe to call twice)."""
+        """Free the shared base model and forget its fingerprint (safe to call twice); with residency on, an
+        unchanged base stays resident in the process instead (`core.resident`)."""
         held = self._base_model is not None
+        if held and resident.is_enabled():  # unchanged: a configuration that changed it was dropped by the tripwire
+            label = f"base model {self.source.model_name_or_path}"
+            resident.keep(self._residency_key, (self._base_model, self._base_tokenizer), label=label)
+            self._drop_base()
+            return
         self._drop_base()
         if held:
             _free_memory()

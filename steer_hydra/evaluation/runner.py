@@ -38,6 +38,7 @@ import pandas as pd
 from steer_hydra.analysis.frames import attach_params, cells_frame, results_frame, runs_frame, summarize_runs
 from steer_hydra.analysis.logs import log_complete, read_log_header, readable_logs, resolve_log_path, samples_frame
 from steer_hydra.analysis.stats import paired_deltas
+from steer_hydra.core import resident
 from steer_hydra.core.backend import BackendSpec
 from steer_hydra.core.controls import declared_scopes
 from steer_hydra.core.identity import canonical_value, derive_trial_seed, model_fingerprint
@@ -107,6 +108,9 @@ class SteeringEval:
             them (e.g. a model judge beside rule scorers; its model comes through `model_roles`).
         task_arg_digests: `{task arg: digest function}` for task args that name content (a concept file): the
             digest of the content joins the suite's evaluation setting, so an edited file is another setting.
+        residency: keep the loaded base model (or booted engine) in this process after `run()` for the next run
+            of the same model, and take one a previous run left (`core.resident`); provenance `model_residency`
+            says which happened. False frees anything resident and loads afresh.
     """
 
     def __init__(
@@ -129,6 +133,7 @@ class SteeringEval:
         model_roles: Mapping[str, Any] | None = None,
         scorers: Mapping[str, Sequence[Any]] | None = None,
         task_arg_digests: Mapping[str, Callable[[Any], str]] | None = None,
+        residency: bool = False,
     ) -> None:
         if not isinstance(pipelines, Mapping):
             raise TypeError(
@@ -165,6 +170,7 @@ class SteeringEval:
         self.model_roles = dict(model_roles or {})
         self.scorers = {task: list(found) for task, found in (scorers or {}).items() if found}
         self.task_arg_digests = dict(task_arg_digests or {})
+        self.residency = residency
         self._built_roles: dict[str, Any] | None = None
         self._results: dict[str, list[dict[str, Any]]] | None = None
         self._log_root: Path | None = None
@@ -230,6 +236,7 @@ class SteeringEval:
             len(self.suites),
             n_cells,
         )
+        resident.configure(self.residency)
         factory = PipelineFactory(self.source, backend=self.backend)
         bar = contextlib.ExitStack()
         if self.progress:  # registers an Inspect hook: imported only when a bar is wanted
@@ -467,6 +474,7 @@ class SteeringEval:
             "prompt_path": ("messages" if has_chat_template(tokenizer) else "text") if tokenizer is not None else None,
             "shared_base_fingerprint": factory.shared_base_fingerprint if factory.uses_shared_base(controls) else None,
             "model_fingerprint": model_fingerprint(model) if model is not None else None,
+            "model_residency": factory.residency if factory.uses_shared_base(controls) else pipeline.residency,
             **_control_provenance(pipeline, controls, self.provider_options),
         }
 

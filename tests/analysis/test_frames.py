@@ -22,7 +22,6 @@ from steer_hydra.analysis.frames import (
     summarize_runs,
 )
 from steer_hydra.analysis.logs import (
-    CONFIGS_DIR,
     LEFT_OUT_KEY,
     arm_names,
     cells_from_logs,
@@ -35,10 +34,10 @@ from steer_hydra.analysis.logs import (
     samples_frame,
     task_result,
 )
-from steer_hydra.core.files import write_json
 from steer_hydra.core.identity import derive_trial_seed
 from steer_hydra.evaluation.runner import SteeringEval
 from steer_hydra.models import TINY_REF
+from steer_hydra.store import Cell, SaveDir
 
 
 def _record(config_id, trial, trial_seed, metrics, *, seed=7, suite="cap", task="t/one", log=None, params=None):
@@ -427,12 +426,12 @@ def save_dir(tmp_path_factory):
     save = tmp_path_factory.mktemp("save")
     task = Task(dataset=[Sample(input="q", target="mockllm", id="x")], scorer=includes(), name="t")
     for config_id, trial in (("baseline", 0), ("abc123def456", 0), ("abc123def456", 1)):
-        log_dir = save / "inspect_logs" / config_id / f"trial_{trial}" / "cap"
+        log_dir = SaveDir(save).log_dir(Cell(config_id, trial, "cap"))
         model = get_model("mockllm/model", custom_outputs=answer)
         (log,) = inspect_eval(task, model=model, log_dir=str(log_dir), display="none")
         assert log.status == "success", log.error
     record = {"config_id": "abc123def456", "arm": "pasta", "arm_name": "pasta", "controls": []}
-    write_json(save / CONFIGS_DIR / "abc123def456.json", record)
+    SaveDir(save).write_config_record(record)
     return save
 
 

@@ -111,7 +111,7 @@ def test_wandb_failure_warns_and_keeps_the_results(compose_cfg, monkeypatch, tmp
         raise RuntimeError("offline dir not writable")
 
     monkeypatch.setattr(wandb, "init", broken_init)
-    cfg = compose_cfg([*FAST, f"output_root={tmp_path}", "logger.mode=offline"])
+    cfg = compose_cfg([*FAST, f"output_root={tmp_path}", "logger.mode=offline", "residency=false"])
     out = tmp_path / "job"
     with caplog.at_level(logging.WARNING):
         job_module.run_job(cfg, out)  # a job logs its warnings once each (console.job_console)
@@ -121,7 +121,8 @@ def test_wandb_failure_warns_and_keeps_the_results(compose_cfg, monkeypatch, tmp
     )
     assert (out / "results.csv").exists() and (out / "job_record.json").exists()
     record = json.loads((out / "job_record.json").read_text())
-    assert record["memory_after_release"]["live_models"] == 0  # the pipeline was released
+    assert record["memory_after_release"]["live_models"] == 0  # released (residency=false keeps nothing)
+    assert record["memory_after_release"]["resident"] is None
 
 
 def test_protocol_guard_refuses_a_changed_protocol_in_the_same_save_dir(compose_cfg, tmp_path):

@@ -50,7 +50,10 @@ def test_multirun_in_one_process_with_flat_memory_then_resumes_without_new_sampl
     sweep = sweep_dir(tmp_path)
     records = _check_sweep(sweep)
     assert len({r["memory_after_release"]["pid"] for r in records}) == 1  # the basic launcher: one process
-    assert all(r["memory_after_release"]["live_models"] == 0 for r in records)  # released after every job
+    # one base, loaded by the first job and resident for the others: never a second model
+    assert [r["provenance"]["model_residency"] for r in records] == ["loaded", "resident", "resident", "resident"]
+    assert all(r["memory_after_release"]["resident"] for r in records)
+    assert len({r["memory_after_release"]["live_models"] for r in records}) == 1
     rss = [r["memory_after_release"]["rss_mib"] for r in records]
     assert rss[-1] - rss[1] < 100, rss  # no model's worth of growth per job after the first
     job_runs = list(sweep.glob("[0-9]*_*/wandb/offline-run-*"))  # one W&B run per job

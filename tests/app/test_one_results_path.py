@@ -7,10 +7,12 @@ import pandas as pd
 import pytest
 from app_helpers import FAST
 
+from steer_hydra.analysis.compare import numeric_score_columns
 from steer_hydra.app import job as job_module
 from steer_hydra.app.callbacks import aggregate_sweep_dir
 from steer_hydra.core.files import read_json
-from steer_hydra.study.report import per_concept_deltas, score_columns, study_frame
+from steer_hydra.study.plan import AXES
+from steer_hydra.study.report import LAUNCHED_KEYS, per_concept_deltas, study_frame
 
 KEYS = ["task", "metric"]
 NUMBERS = ["n", "baseline_mean", "arm_mean", "delta", "ci_low", "ci_high", "changed"]
@@ -29,12 +31,12 @@ def test_job_sweep_and_study_report_the_same_deltas_with_two_trials(compose_cfg,
     save_dir = tmp_path / "default" / "tiny" / "seed_0"
     records = [read_json(tmp_path / job / "job_record.json") for job in ("0_base", "1_arm")]
     launched = pd.DataFrame(
-        [{"job": i, "stage": "cost", "concept": "-", "arm_name": r["arm_name"], "point": "-", "strength": None,
-          "layer": None, "alpha": None, "config_id": r["config_id"], "suite": r["suite"]}
+        [{"job": i, "stage": "cost", "concept": "-", "arm_name": r["arm_name"], "point": "-", **dict.fromkeys(AXES),
+          "config_id": r["config_id"], "suite": r["suite"]}
          for i, r in enumerate(records)]
     )  # fmt: skip
     frame = study_frame(save_dir, launched)
-    study = per_concept_deltas(frame, score_columns(frame))
+    study = per_concept_deltas(frame, numeric_score_columns(frame, labels=LAUNCHED_KEYS))  # the one rule
     study = study[study["arm_name"] != "baseline"]
 
     assert (job["n_trials"] == 2).all() and (job["n"] == 6).all() and len(job) == 3

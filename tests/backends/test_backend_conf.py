@@ -82,3 +82,14 @@ def test_options_validate_against_the_app_schema(name):
 
     merged = OmegaConf.merge(OmegaConf.structured(BackendConfig), OmegaConf.load(CONF / f"{name}.yaml"))
     assert BackendSpec.coerce({"kind": merged.kind.value, "options": {}}).kind == name
+
+
+def test_pre_flight_imports_exactly_the_backends_that_check_their_options():
+    from steer_hydra.core.backend import CHECKS_OPTIONS, Backend, backend_class
+
+    base = Backend.check_options.__func__
+    overriding = {kind for kind in BACKENDS if backend_class(kind).check_options.__func__ is not base}
+    assert overriding == set(CHECKS_OPTIONS)
+    assert BackendSpec("huggingface").check_options() == []  # nothing to check: its module is not imported
+    bad = BackendSpec("vllm", {"dtype": "fp7"}).check_options()
+    assert any("backend.options.dtype='fp7' is not a vLLM dtype" in problem for problem in bad)

@@ -34,6 +34,7 @@ from steer_hydra.backends.vllm.steering import (
     meta_skeleton,
     steering_engine_environment,
 )
+from steer_hydra.core import resident
 from steer_hydra.core.capabilities import Capability
 
 logger = logging.getLogger(__name__)
@@ -181,6 +182,7 @@ class VLLMBackend(LoRAServing, TokenEngineBackend):
         self.engine: Any = None
         self._loop: EngineLoop | None = None
         self._lora_request: Any = None
+        self._resident_key: str | None = None
 
     def _open(self, *, model_name_or_path: str | None, trust_remote_code: bool) -> None:
         if self.model_path is None:
@@ -188,10 +190,17 @@ class VLLMBackend(LoRAServing, TokenEngineBackend):
         kwargs = engine_kwargs(
             self.options, model_path=self.model_path, trust_remote_code=trust_remote_code, model_dtype=self._model_dtype
         )
+        self._resident_key = resident.residency_key({"model_name_or_path": self.model_path}, self.kind, kwargs)
+        held = resident.take(self._resident_key) if resident.is_enabled() else None
+        if held is not None:  # the engine a previous job of this process booted with the same settings
+            self.engine, self._loop = held
+            self.residency = "resident"
+            return
         vllm = import_vllm()
         with steering_engine_environment():  # the worker plugin on, vLLM's V1 model runner (the one it hooks)
             logger.info("Booting vLLM engine for %s with %s (%s=0)", self.model_path, kwargs, RUNNER_ENV)
             self.engine = vllm.LLM(**kwargs)
+        self.residency = "loaded"
         from vllm.sampling_params import RequestOutputKind
 
         self._loop = EngineLoop(self.engine.llm_engine, final_only=RequestOutputKind.FINAL_ONLY)
@@ -266,19 +275,31 @@ class VLLMBackend(LoRAServing, TokenEngineBackend):
 
     def _close(self) -> None:
         loop, self._loop = self._loop, None
-        if loop is not None:
-            loop.close()
         engine, self.engine = self.engine, None
         if engine is None:
+            if loop is not None:
+                loop.close()
             return
-        core = getattr(getattr(engine, "llm_engine", None), "engine_core", None)
-        shutdown = getattr(core, "shutdown", None)
-        if callable(shutdown):
-            try:
-                shutdown()
-            except Exception as error:  # best effort: the engine is being dropped either way
-                logger.warning("vLLM engine shutdown raised %r; continuing with release.", error)
-        del engine
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        if resident.is_enabled() and self._resident_key is not None:  # per-request steering leaves it unchanged
+            label = f"vLLM engine for {self.model_path}"
+            resident.keep(self._resident_key, (engine, loop), label=label, close=_shutdown_engine)
+            return
+        _shutdown_engine((engine, loop))
+
+
+def _shutdown_engine(held: tuple[Any, Any]) -> None:
+    """Stop an engine's loop and shut its engine core down, then free what it held."""
+    engine, loop = held
+    if loop is not None:
+        loop.close()
+    core = getattr(getattr(engine, "llm_engine", None), "engine_core", None)
+    shutdown = getattr(core, "shutdown", None)
+    if callable(shutdown):
+        try:
+            shutdown()
+        except Exception as error:  # best effort: the engine is being dropped either way
+            logger.warning("vLLM engine shutdown raised %r; continuing with release.", error)
+    del engine, held
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

@@ -149,8 +149,11 @@ class LoRAAdapter(StructuralControl):
     Runs on backend=huggingface (`peft`), backend=vllm (the engine boots with `enable_lora` and a `max_lora_rank`
     that fits) and backend=vllm_serve (a server started with the adapter: `--enable-lora --lora-modules
     NAME=PATH`). DoRA adapters run on Hugging Face only; adapters with `modules_to_save` (full module copies) are
-    refused.
+    refused. It edits the model it is given and restores it exactly at release, so it runs on a shared or resident
+    base (`restores_base`).
     """
+
+    restores_base = True
 
     @dataclass(frozen=True)
     class Args(BaseArgs):
