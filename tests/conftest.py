@@ -36,6 +36,32 @@ def _freeze_imported_objects() -> None:
 _freeze_imported_objects()
 
 
+@pytest.fixture(autouse=True)
+def _logging_restored():
+    """Every test leaves the logging configuration as it found it: the root logger's level and handlers, and which
+    loggers are disabled. A job run in this process (`python -m steer_hydra` through `main()`) lets Hydra apply its
+    job logging config, which sets the root level to INFO, replaces the root handlers with its own (a file handler in
+    the job's folder among them) and may disable existing loggers; left as they are, the tests after it capture, or
+    miss, other records than they do after a test that ran no job. Inspect installs its log handler on the root
+    logger once per process (memoised) at its first eval: that one is kept."""
+    import logging
+
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    loggers = [logger for logger in logging.root.manager.loggerDict.values() if isinstance(logger, logging.Logger)]
+    disabled = {logger: logger.disabled for logger in loggers}
+    yield
+    inspect_handlers = [h for h in root.handlers if h not in handlers and type(h).__module__.startswith("inspect_ai")]
+    for handler in root.handlers:
+        if handler not in handlers and handler not in inspect_handlers:
+            handler.close()  # e.g. Hydra's file handler on a job folder the test's tmp_path holds
+    root.handlers[:] = handlers + inspect_handlers
+    root.setLevel(level)
+    for logger in logging.root.manager.loggerDict.values():
+        if isinstance(logger, logging.Logger):
+            logger.disabled = disabled.get(logger, False)  # a logger created since was enabled when created
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Checkpoints built by references go to a per-session cache, not the user's home.
