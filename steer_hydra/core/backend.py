@@ -186,8 +186,9 @@ class Backend(ABC):
         return dict(options)
 
     @classmethod
-    def requirements_of(cls, control: Any) -> frozenset[Capability]:
-        """What `control` needs on this backend: its own `requirements()` unless the backend lowers it itself."""
+    def requirements_of(cls, control: Any, options: Mapping[str, Any] | None = None) -> frozenset[Capability]:
+        """What `control` needs on this backend with these `options`: its own `requirements()` unless the backend
+        lowers it itself."""
         return control.requirements()
 
     def steer_control(self, control: Any, tokenizer: Any, **steer_kwargs: Any) -> Any:

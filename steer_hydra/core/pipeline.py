@@ -143,7 +143,7 @@ class SteeringPipeline:
                 )
         for control in self._sets.enabled():
             name = type(control).__name__
-            missing = backend_cls.requirements_of(control) - capabilities
+            missing = backend_cls.requirements_of(control, spec.options) - capabilities
             if missing:
                 atoms = ", ".join(sorted(m.value for m in missing))
                 failures.append(

@@ -152,6 +152,9 @@ class SteeringPipelineModelAPI(ModelAPI):
         pipeline: A steered pipeline (`pipeline.steer()` has run).
         options: `ProviderOptions` (defaults when None).
         trial_seed: The seed of sampling requests that set none (the runner passes the trial seed).
+        generations: A `store.GenerationStore`: a deterministic request it holds (greedy, or seeded) is answered
+            from it without generating, and a new one is kept there once generated (the output's metadata says
+            `generation: shared` or `new`).
     """
 
     def __init__(
@@ -165,6 +168,7 @@ class SteeringPipelineModelAPI(ModelAPI):
         pipeline: SteeringPipeline | None = None,
         options: ProviderOptions | None = None,
         trial_seed: int | None = None,
+        generations: Any = None,
         **model_args: Any,
     ) -> None:
         super().__init__(model_name=model_name, config=GenerateConfig())
@@ -192,6 +196,7 @@ class SteeringPipelineModelAPI(ModelAPI):
         self._pipeline = pipeline
         self._options = options
         self._trial_seed = None if trial_seed is None else int(trial_seed)
+        self._generations = generations
         self._tokenizer = pipeline.tokenizer
         self._warned_params: set[str] = set()
 
@@ -337,9 +342,22 @@ class SteeringPipelineModelAPI(ModelAPI):
         if self._prompt_path == "text":
             prompt = render_messages(self._tokenizer, conversation)
         self._check_context(prompt, gen_kwargs.get("max_new_tokens", self._options.default_max_tokens))
+        key = None
+        if self._generations is not None:
+            request = {"prompt": prompt, "gen_kwargs": gen_kwargs, "runtime_kwargs": per_sample, "n": num_choices}
+            key = self._generations.request_key(request)
+            kept = self._generations.get(key) if key is not None else None
+            if kept is not None:
+                shared = ModelOutput.model_validate(kept)
+                shared.metadata = {**(shared.metadata or {}), "generation": "shared"}
+                return shared
         record = self._collator.admit(prompt, gen_kwargs, per_sample, num_choices)
         output = await self._collator.serve(record)
-        return self._assemble_model_output(output, stop_strings=gen_kwargs.get("stop_strings", ()))
+        result = self._assemble_model_output(output, stop_strings=gen_kwargs.get("stop_strings", ()))
+        if key is not None:
+            self._generations.put(key, result.model_dump(mode="json", exclude={"metadata"}))
+            result.metadata = {**(result.metadata or {}), "generation": "new"}
+        return result
 
     def prompt_tokens(self, prompt: Any) -> int:
         """Tokens of one prompt as the pipeline tokenizes it (chat template or plain text), before input controls."""
@@ -575,6 +593,7 @@ def as_inspect_model(
     options: ProviderOptions | None = None,
     trial_seed: int | None = None,
     model_name: str = DEFAULT_MODEL_NAME,
+    generations: Any = None,
 ) -> Model:
     """Wrap a steered pipeline as an Inspect `Model` named `steer_hydra/<model_name>`.
 
@@ -587,5 +606,5 @@ def as_inspect_model(
         >>> model = as_inspect_model(pipeline, options=ProviderOptions(max_batch_size=8))
         >>> logs = inspect_ai.eval(task, model=model, max_connections=model.api.max_connections(), temperature=0)
     """
-    api = steer_hydra(model_name, pipeline=pipeline, options=options, trial_seed=trial_seed)
+    api = steer_hydra(model_name, pipeline=pipeline, options=options, trial_seed=trial_seed, generations=generations)
     return Model(api, GenerateConfig())

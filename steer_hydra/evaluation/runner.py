@@ -52,6 +52,8 @@ from steer_hydra.core.sweeps import (
 )
 from steer_hydra.evaluation.suite import InspectSuite, task_name
 from steer_hydra.store import Cell, SaveDir, cell_key, evaluation_setting, protocol
+from steer_hydra.store.comparable import generation_scope, generation_setting
+from steer_hydra.store.generations import GenerationStore
 
 logger = logging.getLogger(__name__)
 
@@ -264,6 +266,7 @@ class SteeringEval:
                     static = self._static_provenance(pipeline, factory, controls)
                     for trial in range(self.num_trials):
                         seed_t = self._trial_seed(point.config_id, trial)
+                        generations = self._generations(store, point.config_id, trial)
                         suites_out: dict[str, dict[str, Any]] = {}
                         for suite in self.suites:
                             cell += 1
@@ -290,6 +293,7 @@ class SteeringEval:
                                     trial_seed=seed_t,
                                     model_name=_logged_model_name(log_dir) or model_label(controls, point.config_id),
                                     generate_defaults=self.generate_defaults,
+                                    generations=generations,
                                     display=self.display,
                                     model_roles=self._roles(),
                                     scorers={t: s for t, s in self.scorers.items() if t in _task_names(suite)},
@@ -373,13 +377,32 @@ class SteeringEval:
         """What makes `suite`'s evaluations comparable (`store.comparable.evaluation_setting`): the source, the
         backend's generation options, the provider options, the generation settings, the suite and extra scoring."""
         return evaluation_setting(
+            self._generation_setting(),
+            suite=suite.identity(self.task_arg_digests),
+            scoring=self._scoring_identity(),
+        )
+
+    def _generation_setting(self) -> dict[str, Any]:
+        return generation_setting(
             source=self.source,
             backend=BackendSpec.coerce(self.backend),
             provider=self.provider_options,
             generate_defaults=self.generate_defaults,
-            suite=suite.identity(self.task_arg_digests),
-            scoring=self._scoring_identity(),
         )
+
+    def _generations(self, store: SaveDir, config_id: str, trial: int) -> GenerationStore | None:
+        """Where a configuration's trial keeps its generations (None without a save_dir, or a setting with no
+        content form): every suite of the trial, and every later run into the save_dir, reads them."""
+        if self.save_dir is None:
+            return None
+        try:
+            setting = self._generation_setting()
+        except TypeError:
+            return None
+        scope = generation_scope(
+            setting, config_id=config_id, trial_id=trial, trial_seed=self._trial_seed(config_id, trial)
+        )
+        return store.generations(scope)
 
     def protocol(self, suite: InspectSuite, backend_identity: Any = None) -> dict[str, Any]:
         """`suite`'s protocol in a save_dir (`store.comparable.protocol`): its setting and the launch seed, plus the

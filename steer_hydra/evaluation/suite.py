@@ -133,6 +133,7 @@ class InspectSuite:
         trial_seed: int | None = None,
         model_name: str = "steering-pipeline",
         generate_defaults: Mapping[str, Any] | None = None,
+        generations: Any = None,
         display: str = "none",
         score: bool = True,
         model_roles: Mapping[str, Any] | None = None,
@@ -147,7 +148,8 @@ class InspectSuite:
         `metadata` go into every log's header (`inspect view` shows them; they are not part of task identity).
         `trial_seed` is the seed of sampling requests that set none (the runner passes the trial seed).
         `model_roles` binds Inspect model roles (e.g. `{"judge": "openai/gpt-4o-mini"}`); `scorers` maps a task name
-        of this suite to Inspect scorers appended to that task's own.
+        of this suite to Inspect scorers appended to that task's own. `generations` (a `store.GenerationStore`)
+        answers requests this configuration's trial already generated (another concept's suite) without generating.
         """
         from inspect_ai import eval_set
 
@@ -169,7 +171,9 @@ class InspectSuite:
                 f"InspectSuite {self.name!r}: scorers name task(s) {unknown} that the suite does not run; its tasks "
                 f"are {[task_name(task) for task in self.tasks]}."
             )
-        model = as_inspect_model(pipeline, options=options, trial_seed=trial_seed, model_name=model_name)
+        model = as_inspect_model(
+            pipeline, options=options, trial_seed=trial_seed, model_name=model_name, generations=generations
+        )
         settings.setdefault("max_connections", model.api.max_connections())
         common: dict[str, Any] = {
             "model": model,

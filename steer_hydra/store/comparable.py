@@ -12,6 +12,9 @@ model role, extra scorers).
   backend's `identity()` joins it (a server's served model rather than its address).
 - `cell_key(setting, trial_seed)`: the digest a finished cell's index holds; a cell is reused only under the same
   key. A moved server keeps both.
+- `generation_scope(generation_setting, ...)`: the part of the setting that determines generations (no suite, no
+  scoring), with the configuration and the trial: the scope of the generations a save_dir keeps
+  (`store.generations`), so an arm that reads no concept generates once for every concept suite.
 """
 
 from __future__ import annotations
@@ -25,28 +28,37 @@ from steer_hydra.core.identity import canonical_json, canonical_value
 from steer_hydra.core.source import ModelSource
 
 
-def evaluation_setting(
-    *,
-    source: ModelSource,
-    backend: BackendSpec,
-    provider: Any,
-    generate_defaults: Mapping[str, Any],
-    suite: Mapping[str, Any],
-    scoring: Mapping[str, Any] | None = None,
+def generation_setting(
+    *, source: ModelSource, backend: BackendSpec, provider: Any, generate_defaults: Mapping[str, Any]
 ) -> dict[str, Any]:
-    """The canonical setting of one suite's evaluation (see the module docstring). `suite` is the suite's identity
-    (`InspectSuite.identity`); `scoring` holds extra scoring (`{"model_roles": ..., "scorers": ...}`), absent
-    without any so earlier protocols and keys stay valid."""
+    """What besides the controls, the trial and the request itself determines a generation: the model source, the
+    backend's kind and generation options, the provider options and the generation defaults (canonical)."""
     return canonical_value(
         {
             "model": source.identity(),
             "backend": {"kind": backend.kind, "options": backend.protocol_options()},
             "provider": provider,
             "generate_defaults": dict(generate_defaults),
-            "suite": dict(suite),
-            **dict(scoring or {}),
         }
     )
+
+
+def evaluation_setting(
+    generation: Mapping[str, Any], *, suite: Mapping[str, Any], scoring: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The canonical setting of one suite's evaluation (see the module docstring): the `generation_setting`, the
+    suite's identity (`InspectSuite.identity`) and extra scoring (`{"model_roles": ..., "scorers": ...}`, absent
+    without any so earlier protocols and keys stay valid)."""
+    return canonical_value({**generation, "suite": dict(suite), **dict(scoring or {})})
+
+
+def generation_scope(generation: Mapping[str, Any], *, config_id: str, trial_id: int, trial_seed: int | None) -> str:
+    """The scope of a configuration's generations in one trial (`store.generations`): the `generation_setting`,
+    the configuration and the trial; no suite, no scoring, so suites that ask the same requests share them."""
+    payload = canonical_json(
+        {"generation": dict(generation), "config_id": config_id, "trial_id": trial_id, "trial_seed": trial_seed}
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()[:20]
 
 
 def protocol(setting: Mapping[str, Any], *, seed: int | None, backend_identity: Any = None) -> dict[str, Any]:

@@ -9,6 +9,7 @@ Layout (nothing else in the package builds these paths):
       configs/<config_id>.json                      one record per configuration evaluated here (arm name, controls)
       protocol/<suite>.json                         what makes the suite's logs comparable (`store.comparable`)
       protocol/holders/<suite>.<host>.<pid>.<uuid>  one per running job holding that protocol (`store.claims`)
+      generations/<scope>/<key>.json                a generation kept by what determines it (`store.generations`)
       .lock                                         the save_dir's lock (protocol check-and-claim)
       .scratch/                                     temporary files moved over logs (a reader sees old or new)
 
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from steer_hydra.core.files import locked, read_json, write_json
+from steer_hydra.store.generations import GenerationStore
 
 logger = logging.getLogger(__name__)
 
@@ -180,6 +182,10 @@ class SaveDir:
         entry["metrics"] = dict(metrics)
         write_json(self.index_path(cell), index)
         return True
+
+    def generations(self, scope: str) -> GenerationStore:
+        """The generations a configuration's trial keeps here (`comparable.generation_scope`)."""
+        return GenerationStore(self.root, scope)
 
     # -------------------------------------------------------------------------------------------- configurations
     @property

@@ -294,3 +294,5 @@ def test_a_vector_to_fit_is_fitted_on_the_hf_model_before_the_engine_boots_and_c
     serve = BackendSpec("vllm_serve", {"base_url": "http://127.0.0.1:1"})  # a server's checkpoint may live elsewhere
     report = SteeringPipeline(TINY_REF, controls=[CAA(data=PAIRS)], backend=serve).check()
     assert not report.ok and "hidden_capture" in report.failures[0].message
+    launched = BackendSpec("vllm_serve", {"launch": True})  # a launched server runs the model group's checkpoint here
+    assert SteeringPipeline(TINY_REF, controls=[CAA(data=PAIRS)], backend=launched).check().ok

@@ -2,8 +2,10 @@
 no server process outlives the sweep (success, a failed job, Ctrl-C).
 
 Each sweep is `python -m steer_hydra --multirun` in a subprocess (offline, logger=none) on the tiny head-dim-64
-model in float32, with a CAA arm whose vector is given (a file; vllm_serve does not fit vectors). Sweeps that do
-not depend on each other run at the same time to keep the file short.
+model in float32, with a CAA arm whose vector is given (a file) and one whose vector is fitted from pairs: a launched
+server runs the model group's checkpoint, so the vector is fitted on its Hugging Face model first (the cache
+backend=vllm uses) and sent as a given vector. Sweeps that do not depend on each other run at the same time to keep
+the file short.
 """
 
 from __future__ import annotations
@@ -26,6 +28,15 @@ from steer_hydra.controls.state.vectors import SteeringVector
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 SWEEP_TIMEOUT_S = 600
+FITTED_ARM = """# @package arm
+defaults:
+  - /control@controls.caa: caa
+name: caa_fitted
+controls:
+  caa:
+    layer_id: 1
+    multiplier: 8.0
+"""
 ARM = """# @package arm
 defaults:
   - /control@controls.caa: caa
@@ -70,6 +81,7 @@ def conf(tmp_path_factory) -> Path:
         vector = SteeringVector(torch.randn(width, generator=generator), layer=1).save(root / f"{name}.safetensors")
         (root / "arm").mkdir(exist_ok=True)
         (root / "arm" / f"{name}.yaml").write_text(ARM.format(name=name, vector=vector))
+    (root / "arm" / "caa_fitted.yaml").write_text(FITTED_ARM)  # conf/control/caa.yaml's pairs, fitted
     return root
 
 
@@ -145,15 +157,15 @@ def _gone(pgid: int, within: float = 60.0) -> bool:
 
 def test_one_launched_server_runs_the_sweep_like_the_engine_and_stops_with_it(tmp_path, conf):
     # greedy: the seed does not change a completion, so the engine runs seed 1 only (each of its jobs boots an engine)
-    served = _sweep(tmp_path / "serve", conf, "arm=baseline,caa_given", "seed=1,2", *LAUNCH)
-    engine = _sweep(tmp_path / "engine", conf, "arm=baseline,caa_given", "seed=1", *ENGINE)
+    served = _sweep(tmp_path / "serve", conf, "arm=baseline,caa_given,caa_fitted", "seed=1,2", *LAUNCH)
+    engine = _sweep(tmp_path / "engine", conf, "arm=baseline,caa_given,caa_fitted", "seed=1", *ENGINE)
     out_served, out_engine = _finish(served, tmp_path / "serve"), _finish(engine, tmp_path / "engine")
     assert served.returncode == 0, out_served[-4000:]
     assert engine.returncode == 0, out_engine[-4000:]
     state = _server_state(tmp_path / "serve")
     assert out_served.count(f"ready at {state['base_url']}") == 1 and _gone(state["pid"], within=0)
     records = [json.loads(p.read_text()) for p in _sweep_dir(tmp_path / "serve").glob("*/job_record.json")]
-    assert len(records) == 4 and not any("base_url" in o for r in records for o in r["overrides"])
+    assert len(records) == 6 and not any("base_url" in o for r in records for o in r["overrides"])
     samples = pd.read_csv(_sweep_dir(tmp_path / "serve") / "aggregate" / "samples.csv")
     expected = pd.read_csv(_sweep_dir(tmp_path / "engine") / "aggregate" / "samples.csv")
     assert len(samples) == 2 * len(expected) > 0
@@ -163,6 +175,7 @@ def test_one_launched_server_runs_the_sweep_like_the_engine_and_stops_with_it(tm
     assert differ.empty, differ[[*KEY, "completion", "completion_engine"]].to_string()
     by_arm = samples.pivot_table(index=KEY[1:], columns="arm", values="completion", aggfunc="first")
     assert (by_arm["baseline"] != by_arm["caa_given"]).any()  # the vector reached the server
+    assert (by_arm["baseline"] != by_arm["caa_fitted"]).any()  # the fitted one too
 
 
 def test_a_failed_job_and_ctrl_c_mid_sweep_leave_no_server(tmp_path, conf):

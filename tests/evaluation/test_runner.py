@@ -83,6 +83,7 @@ def fake_factory(monkeypatch):
     class FakeFactory:
         backend_kind = "huggingface"
         shared_base_fingerprint = "f" * 16
+        residency = "loaded"
 
         def __init__(self, base, **kwargs):
             state.instances.append((base, kwargs))

@@ -108,10 +108,10 @@ class LoRAServing:
     _lora_control: Any = None
 
     @classmethod
-    def requirements_of(cls, control: Any) -> frozenset[Capability]:
+    def requirements_of(cls, control: Any, options: Mapping[str, Any] | None = None) -> frozenset[Capability]:
         if serves_lora(control):
             return frozenset()
-        return super().requirements_of(control)
+        return super().requirements_of(control, options)
 
     def steer_control(self, control: Any, tokenizer: Any, **steer_kwargs: Any) -> Any:
         prepare = getattr(control, "prepare_for_engine", None)

@@ -311,6 +311,13 @@ class VLLMServeBackend(LoRAServing, TokenEngineBackend):
         return {k: v for k, v in options.items() if k not in CONNECTION_OPTIONS}
 
     @classmethod
+    def fits_vectors_with(cls, options: Mapping[str, Any] | None) -> bool:
+        """A launched server runs the model group's checkpoint here, so a vector to fit is fitted on its Hugging
+        Face model (the cache `backend=vllm` uses) and sent as a given vector; another server's checkpoint may
+        live elsewhere."""
+        return bool((options or {}).get("launch", False))
+
+    @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> list[str]:
         """The options validate, and a TCP connection opens at the server's address within `CONNECT_TIMEOUT`."""
         try:

@@ -211,13 +211,19 @@ class EngineSteering:
     model_path: str | None
     tokenizer: Any
     # whether a vector to fit is fitted on the Hugging Face model of the engine's checkpoint (`fit`): the
-    # in-process engine has that checkpoint locally; a server's may live elsewhere
+    # in-process engine has that checkpoint locally; a server's may live elsewhere (`fits_vectors_with`)
     fits_vectors: ClassVar[bool] = False
 
     @classmethod
-    def requirements_of(cls, control: Any) -> frozenset[Capability]:
+    def fits_vectors_with(cls, options: Mapping[str, Any] | None) -> bool:
+        """Whether vectors to fit are fitted on the checkpoint's Hugging Face model with these options."""
+        return cls.fits_vectors
+
+    @classmethod
+    def requirements_of(cls, control: Any, options: Mapping[str, Any] | None = None) -> frozenset[Capability]:
         needs = lowered_requirements(control)
-        return needs - {Capability.HIDDEN_CAPTURE} if cls.fits_vectors and is_lowerable(control) else needs
+        fits = cls.fits_vectors_with(options) and is_lowerable(control)
+        return needs - {Capability.HIDDEN_CAPTURE} if fits else needs
 
     def steer_control(self, control: Any, tokenizer: Any, **steer_kwargs: Any) -> Any:
         if not is_lowerable(control):
@@ -225,7 +231,7 @@ class EngineSteering:
         if self.model_path is None:
             raise ValueError(f"backend={self.kind} lowers {type(control).__name__} from model_name_or_path=; none.")
         trust_remote_code = getattr(self, "_trust_remote_code", False)
-        if Capability.HIDDEN_CAPTURE in control.requirements() and self.fits_vectors:
+        if Capability.HIDDEN_CAPTURE in control.requirements() and self.fits_vectors_with(self.options):
             from steer_hydra.backends.vllm.fit import fitted_for_engine
 
             steer_kwargs["fitted_vector"] = fitted_for_engine(
