@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from steer_hydra.core.identity import canonical_json
+from steer_hydra.models.loading import model_construction
 from steer_hydra.models.references import cache_dir
 
 logger = logging.getLogger(__name__)
@@ -79,7 +80,8 @@ def fitted_for_engine(
     logger.info(
         "Fitting %s's vector on the Hugging Face model of %s (%s) before the engine starts", name, model_path, device
     )
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, trust_remote_code=trust_remote_code)
+    with model_construction():  # transformers' loading patches process state: one load at a time (models.loading)
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, trust_remote_code=trust_remote_code)
     try:
         model.to(device).eval()
         control.steer(model, tokenizer=tokenizer, backend="huggingface")
