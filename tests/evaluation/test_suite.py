@@ -45,7 +45,7 @@ def fake_inspect(monkeypatch):
         def close(self):
             state.closed += 1
 
-    def as_inspect_model(pipeline, *, options=None, trial_seed=None, model_name="steering-pipeline"):
+    def as_inspect_model(pipeline, *, options=None, trial_seed=None, model_name="steering-pipeline", generations=None):
         model = SimpleNamespace(api=Api(), name=f"steer_hydra/{model_name}")
         state.models.append(
             {"pipeline": pipeline, "options": options, "trial_seed": trial_seed, "model_name": model_name}
