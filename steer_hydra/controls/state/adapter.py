@@ -45,12 +45,12 @@ import torch
 from steer_hydra.controls.state.angular import one_direction, plane_basis
 from steer_hydra.controls.state.caa import DEFAULT_DEPTH, fitted_mean_difference, validate_pairs, validate_token_scope
 from steer_hydra.controls.state.cast import Condition, fit_condition, validate_condition_args
-from steer_hydra.controls.state.edits import SITES, check_edits, edit_hooks, site_paths
+from steer_hydra.controls.state.edits import SITES, CompiledEdits
 from steer_hydra.controls.state.layer_vector import FitsVector, apply_direction, median_norm_of
 from steer_hydra.controls.state.residual import normalized
 from steer_hydra.controls.state.vectors import SteeringVector
 from steer_hydra.core.capabilities import Capability
-from steer_hydra.core.controls import BaseArgs, HookSet, ResidualAddition, StateControl
+from steer_hydra.core.controls import BaseArgs, ResidualAddition, StateControl
 from steer_hydra.core.layout import ModelLayout, resolve_layout
 
 logger = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ Site = Literal["input", "attention", "heads", "output"]
 _FORMAT = "steer_hydra.adapter_fit/1"
 
 
-class ActivationAdapter(FitsVector, StateControl):
+class ActivationAdapter(CompiledEdits, FitsVector, StateControl):
     """A transform at a scope of layers and sites, on selected tokens, optionally gated by a prompt condition.
 
     Args:
@@ -184,12 +184,11 @@ class ActivationAdapter(FitsVector, StateControl):
     )
 
     def _configure(self) -> None:
-        self._edits: tuple[ResidualAddition, ...] = ()
+        self._edits: tuple[ResidualAddition, ...] | None = None
         self._paths: dict[tuple, str] = {}
         self._vector: SteeringVector | None = None
         self._condition: Condition | None = None
         self._fitted: SteeringVector | None = None
-        self._bound = False
 
     @property
     def gated(self) -> bool:
@@ -240,10 +239,7 @@ class ActivationAdapter(FitsVector, StateControl):
                 vector if self.data is not None else None, condition_raw, condition, layout.hidden_size
             )
         self._vector, self._condition = used, condition
-        self._edits = self._compile(layout, used, layers, condition)
-        check_edits(self._edits, name)
-        self._paths = site_paths(model, layout, self._edits) if self._edits else {}
-        self._bound = True
+        self._bind_edits(model, layout, self._compile(layout, used, layers, condition))
         logger.info("%s: %s at layers %s, sites %s%s", name, self.transform, list(layers), list(self.sites),
                     f", gated by {condition.gate}" if condition else "")  # fmt: skip
         return None
@@ -307,6 +303,7 @@ class ActivationAdapter(FitsVector, StateControl):
     def _compile(
         self, layout: ModelLayout, vector: SteeringVector, layers: tuple[int, ...], condition: Condition | None
     ) -> tuple[ResidualAddition, ...]:
+        """The form compiled to edits: the gate's condition first, then per layer its sites in forward order."""
         name = type(self).__name__
         tensor = vector.tensor.float()
         widths = {site: layout.num_heads * layout.head_dim if site == "heads" else layout.hidden_size for site in SITES}
@@ -353,17 +350,6 @@ class ActivationAdapter(FitsVector, StateControl):
                 )  # fmt: skip
                 edits.append(dataclasses.replace(edit, gate=condition.gate) if condition is not None else edit)
         return tuple(edits)
-
-    # ------------------------------------------------------------------ per call
-    def residual_edits(self) -> tuple[ResidualAddition, ...]:
-        """The form compiled to edits: the gate's condition first, then per layer its sites in forward order."""
-        if not self._bound:
-            raise RuntimeError(f"{type(self).__name__}.residual_edits called before steer(); steer the pipeline first.")
-        return self._edits
-
-    def get_hooks(self, input_ids: torch.Tensor, runtime_kwargs: Mapping[str, Any], **kwargs: Any) -> HookSet:
-        edits = self.residual_edits()
-        return edit_hooks(edits, self._paths, input_ids, kwargs.get("attention_mask"), owner=type(self).__name__)
 
 
 def _check_layer(name: str, layer: int, layout: ModelLayout) -> None:

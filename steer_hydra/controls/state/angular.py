@@ -42,13 +42,13 @@ from typing import Any, Literal
 import torch
 
 from steer_hydra.controls.state.caa import DEFAULT_DEPTH, validate_pairs, validate_token_scope
-from steer_hydra.controls.state.edits import edit_hooks, site_paths
+from steer_hydra.controls.state.edits import CompiledEdits
 from steer_hydra.controls.state.layer_vector import FitsVector
 from steer_hydra.controls.state.probing import pair_means
 from steer_hydra.controls.state.residual import check_hidden_size
 from steer_hydra.controls.state.vectors import SteeringVector
 from steer_hydra.core.capabilities import Capability
-from steer_hydra.core.controls import BaseArgs, HookSet, ResidualAddition, StateControl
+from steer_hydra.core.controls import BaseArgs, ResidualAddition, StateControl
 from steer_hydra.core.layout import ModelLayout, resolve_layout
 
 logger = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ def plane_basis(direction: torch.Tensor, reference: torch.Tensor, owner: str) ->
     return torch.stack([first, second / left]).float()
 
 
-class AngularSteering(FitsVector, StateControl):
+class AngularSteering(CompiledEdits, FitsVector, StateControl):
     """Norm-preserving rotation of the residual stream in the plane of a behaviour direction (Vu & Nguyen 2025).
 
     Args:
@@ -165,7 +165,7 @@ class AngularSteering(FitsVector, StateControl):
     def _configure(self) -> None:
         self._basis: torch.Tensor | None = None
         self._layers: tuple[int, ...] = ()
-        self._edits: tuple[ResidualAddition, ...] = ()
+        self._edits: tuple[ResidualAddition, ...] | None = None
         self._paths: dict[tuple, str] = {}
         self._hash: str | None = None
         self._fitted: SteeringVector | None = None
@@ -242,12 +242,12 @@ class AngularSteering(FitsVector, StateControl):
             _check_layer(name, layer, layout)
         self._basis, self._layers = basis, layers
         self._hash = SteeringVector(basis, None, {}).content_hash
-        self._edits = self._build_edits()
-        self._paths = site_paths(model, layout, self._edits) if self._edits else {}
+        self._bind_edits(model, layout, self._build_edits())
         logger.info("%s at layer(s) %s, %s %g degrees", name, list(layers), self.angle_mode, self.angle)
         return None
 
     def _build_edits(self) -> tuple[ResidualAddition, ...]:
+        """One rotation per rotated layer, at its output (none for a zero rotation)."""
         if self.angle_mode == "by" and self.angle % 360 == 0:
             return ()  # the identity rotation
         mode = "rotate" if self.angle_mode == "by" else "rotate_to"
@@ -258,17 +258,6 @@ class AngularSteering(FitsVector, StateControl):
             )
             for layer in self._layers
         )
-
-    # ------------------------------------------------------------------ per call
-    def residual_edits(self) -> tuple[ResidualAddition, ...]:
-        """One rotation per rotated layer, at its output (none for a zero rotation): exactly what the hooks do."""
-        if self._basis is None:
-            raise RuntimeError(f"{type(self).__name__}.residual_edits called before steer(); steer the pipeline first.")
-        return self._edits
-
-    def get_hooks(self, input_ids: torch.Tensor, runtime_kwargs: Mapping[str, Any], **kwargs: Any) -> HookSet:
-        edits = self.residual_edits()
-        return edit_hooks(edits, self._paths, input_ids, kwargs.get("attention_mask"), owner=type(self).__name__)
 
 
 def _check_layer(name: str, layer: int, layout: ModelLayout) -> None:

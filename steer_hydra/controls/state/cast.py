@@ -42,13 +42,13 @@ from typing import Any, Literal
 import torch
 
 from steer_hydra.controls.state.caa import CAA, validate_pairs
-from steer_hydra.controls.state.edits import check_edits, edit_hooks, site_paths
+from steer_hydra.controls.state.edits import CompiledEdits
 from steer_hydra.controls.state.layer_vector import FitsVector
 from steer_hydra.controls.state.probing import best_threshold, prompt_means
 from steer_hydra.controls.state.residual import check_hidden_size
 from steer_hydra.controls.state.vectors import SteeringVector
 from steer_hydra.core.capabilities import Capability
-from steer_hydra.core.controls import BaseArgs, HookSet, ResidualAddition, StateControl
+from steer_hydra.core.controls import BaseArgs, ResidualAddition, StateControl
 from steer_hydra.core.edits import condition_similarity
 from steer_hydra.core.layout import ModelLayout, resolve_layout
 
@@ -152,7 +152,7 @@ def fit_condition(
     return vector, float(threshold), str(comparison), accuracy
 
 
-class CAST(FitsVector, StateControl):
+class CAST(CompiledEdits, FitsVector, StateControl):
     """Conditional activation steering (arXiv 2409.05907): CAA's addition for the rows whose prompt meets a condition.
 
     Args:
@@ -224,7 +224,7 @@ class CAST(FitsVector, StateControl):
     def _configure(self) -> None:
         self._behaviour: CAA | None = None
         self._condition: Condition | None = None
-        self._edits: tuple[ResidualAddition, ...] = ()
+        self._edits: tuple[ResidualAddition, ...] | None = None
         self._paths: dict[tuple, str] = {}
         self._fitted: SteeringVector | None = None
 
@@ -311,9 +311,7 @@ class CAST(FitsVector, StateControl):
                 behaviour.fitted_vector, vector if self.condition_data is not None else None, condition
             )
         self._behaviour, self._condition = behaviour, condition
-        self._edits = self._build_edits()
-        check_edits(self._edits, name)
-        self._paths = site_paths(model, layout, self._edits)
+        self._bind_edits(model, layout, self._build_edits())
         logger.info(
             "%s: behaviour at layer %d, condition at layer %d (sim %s %.4f%s)",
             name,
@@ -326,6 +324,7 @@ class CAST(FitsVector, StateControl):
         return None
 
     def _build_edits(self) -> tuple[ResidualAddition, ...]:
+        """The condition (read from the prompt at `condition_layer`) and CAA's addition gated by it."""
         addition = self._behaviour.residual_addition()
         if addition is None:  # multiplier 0: nothing to gate
             return ()
@@ -334,17 +333,6 @@ class CAST(FitsVector, StateControl):
     def cleanup(self) -> None:
         if self._behaviour is not None:
             self._behaviour.cleanup()
-
-    # ------------------------------------------------------------------ per call
-    def residual_edits(self) -> tuple[ResidualAddition, ...]:
-        """The condition (read from the prompt at `condition_layer`) and CAA's addition gated by it."""
-        if self._condition is None:
-            raise RuntimeError(f"{type(self).__name__}.residual_edits called before steer(); steer the pipeline first.")
-        return self._edits
-
-    def get_hooks(self, input_ids: torch.Tensor, runtime_kwargs: Mapping[str, Any], **kwargs: Any) -> HookSet:
-        edits = self.residual_edits()
-        return edit_hooks(edits, self._paths, input_ids, kwargs.get("attention_mask"), owner=type(self).__name__)
 
 
 _FORMAT = "steer_hydra.cast_fit/1"

@@ -100,6 +100,32 @@ def check_edits(edits: Sequence[ResidualAddition], owner: str) -> None:
                 )
 
 
+class CompiledEdits:
+    """What a state control whose whole effect is a fixed list of edits compiled at `steer()` shares (ITI, CAST,
+    angular steering, ActivationAdapter): `steer()` ends with `_bind_edits(model, layout, edits)`; then
+    `residual_edits()` is what an engine backend lowers and `get_hooks()` runs the same edits as Hugging Face hooks.
+    The control's `_configure` sets `_edits = None` (not steered yet) and `_paths = {}`."""
+
+    _edits: tuple[ResidualAddition, ...] | None
+    _paths: dict[tuple, str]
+
+    def _bind_edits(self, model: torch.nn.Module, layout: ModelLayout, edits: tuple[ResidualAddition, ...]) -> None:
+        """Check `edits`, find their modules and keep both (the control is steered from here on)."""
+        check_edits(edits, type(self).__name__)
+        self._paths = site_paths(model, layout, edits) if edits else {}
+        self._edits = edits
+
+    def residual_edits(self) -> tuple[ResidualAddition, ...]:
+        """The edits compiled at `steer()`, in application order: exactly what the hooks make."""
+        if self._edits is None:
+            raise RuntimeError(f"{type(self).__name__}.residual_edits called before steer(); steer the pipeline first.")
+        return self._edits
+
+    def get_hooks(self, input_ids: torch.Tensor, runtime_kwargs: Mapping[str, Any], **kwargs: Any) -> HookSet:
+        edits = self.residual_edits()
+        return edit_hooks(edits, self._paths, input_ids, kwargs.get("attention_mask"), owner=type(self).__name__)
+
+
 class _Call:
     """One call's state: where each layer's forward starts, the gates decided on the prefill, rows per device."""
 

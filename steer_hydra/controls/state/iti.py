@@ -44,7 +44,7 @@ from typing import Any, Literal
 import torch
 
 from steer_hydra.controls.state.caa import validate_pairs
-from steer_hydra.controls.state.edits import edit_hooks, heads_path, site_paths
+from steer_hydra.controls.state.edits import CompiledEdits, heads_path
 from steer_hydra.controls.state.layer_vector import FitsVector
 from steer_hydra.controls.state.probing import (
     answer_reduce,
@@ -56,7 +56,7 @@ from steer_hydra.controls.state.probing import (
 )
 from steer_hydra.controls.state.vectors import SteeringVector
 from steer_hydra.core.capabilities import Capability
-from steer_hydra.core.controls import BaseArgs, HookSet, ResidualAddition, StateControl
+from steer_hydra.core.controls import BaseArgs, ResidualAddition, StateControl
 from steer_hydra.core.layout import ModelLayout, resolve_layout
 
 logger = logging.getLogger(__name__)
@@ -111,7 +111,7 @@ class HeadProbes:
         return cls(table[..., :dim], sigma, table[..., dim + 1], table[..., dim + 2])
 
 
-class ITI(FitsVector, StateControl):
+class ITI(CompiledEdits, FitsVector, StateControl):
     """Inference-time intervention (arXiv 2306.03341): probe-selected heads shifted along their directions.
 
     Args:
@@ -220,11 +220,10 @@ class ITI(FitsVector, StateControl):
     def _configure(self) -> None:
         self._probes: HeadProbes | None = None
         self._chosen: tuple[tuple[int, int], ...] = ()
-        self._edits: tuple[ResidualAddition, ...] = ()
+        self._edits: tuple[ResidualAddition, ...] | None = None
         self._paths: dict[tuple, str] = {}
         self._hash: str | None = None
         self._fitted: SteeringVector | None = None
-        self._bound = False
 
     def requirements(self) -> frozenset[Capability]:
         if self.data is not None:  # probes fitted at steer() from hidden states
@@ -300,8 +299,6 @@ class ITI(FitsVector, StateControl):
             )
         self._chosen = self._choose(probes, name)
         self._probes, self._hash = probes, vector.content_hash
-        self._edits = self._build_edits(probes, layout)
-        self._paths = site_paths(model, layout, self._edits) if self._edits else {}
         width = layout.num_heads * layout.head_dim
         for layer in {layer for layer, _ in self._chosen}:
             projection = model.get_submodule(heads_path(model, layout, layer))
@@ -311,7 +308,7 @@ class ITI(FitsVector, StateControl):
                     f"{name}: layer {layer}'s attention output projection reads {found} features, not heads x "
                     f"head_dim = {width}; its input is not the heads' outputs side by side."
                 )
-        self._bound = True
+        self._bind_edits(model, layout, self._build_edits(probes, layout))
         logger.info("%s on %d head(s): %s", name, len(self._chosen), list(self._chosen))
         return None
 
@@ -351,6 +348,8 @@ class ITI(FitsVector, StateControl):
         return tuple((int(a), int(b)) for a, b in candidates[: self.top_k])
 
     def _build_edits(self, probes: HeadProbes, layout: ModelLayout) -> tuple[ResidualAddition, ...]:
+        """One head-slice addition per layer with a chosen head, at the output projection's input (none at alpha
+        0)."""
         if self.alpha == 0:
             return ()
         dim = layout.head_dim
@@ -364,18 +363,6 @@ class ITI(FitsVector, StateControl):
             ResidualAddition(layer, "heads", "from", rows[layer], scope, last_k=self.last_k if scope == "last_k" else 0)
             for layer in sorted(rows)
         )
-
-    # ------------------------------------------------------------------ per call
-    def residual_edits(self) -> tuple[ResidualAddition, ...]:
-        """One head-slice addition per layer with a chosen head, at the output projection's input (none at alpha
-        0): exactly what the hooks add."""
-        if not self._bound:
-            raise RuntimeError(f"{type(self).__name__}.residual_edits called before steer(); steer the pipeline first.")
-        return self._edits
-
-    def get_hooks(self, input_ids: torch.Tensor, runtime_kwargs: Mapping[str, Any], **kwargs: Any) -> HookSet:
-        edits = self.residual_edits()
-        return edit_hooks(edits, self._paths, input_ids, kwargs.get("attention_mask"), owner=type(self).__name__)
 
 
 def _check_layer(name: str, layer: int, layout: ModelLayout) -> None:
