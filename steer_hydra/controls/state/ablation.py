@@ -19,6 +19,7 @@ from steer_hydra.controls.state.caa import (
 from steer_hydra.controls.state.layer_vector import FitsVector, apply_direction
 from steer_hydra.controls.state.residual import (
     check_hidden_size,
+    check_layer,
     input_hidden,
     output_hidden,
     past_length,
@@ -150,11 +151,7 @@ class DirectionalAblation(FitsVector, StateControl):
         layers = tuple(self.layers) if self.layers is not None else tuple(range(layout.num_layers))
         fit_layer = self.layer_id if self.layer_id is not None else layout.default_layer(DEFAULT_DEPTH)
         for layer in (*layers, fit_layer):
-            if layer >= layout.num_layers:
-                raise ValueError(
-                    f"{name}: layer {layer} is out of range; the model has {layout.num_layers} layers "
-                    f"(0..{layout.num_layers - 1}). Fix: layers/layer_id within that range."
-                )
+            check_layer(name, layer, layout, "layers/layer_id")
         fitted = kwargs.get("fitted_vector")  # fitted elsewhere on the same checkpoint (an engine backend)
         if self.direction_vector is not None:
             given = SteeringVector.coerce(self.direction_vector, field_name=f"{name}.direction_vector")

@@ -47,7 +47,7 @@ from steer_hydra.controls.state.caa import DEFAULT_DEPTH, fitted_mean_difference
 from steer_hydra.controls.state.cast import Condition, fit_condition, validate_condition_args
 from steer_hydra.controls.state.edits import SITES, CompiledEdits
 from steer_hydra.controls.state.layer_vector import FitsVector, apply_direction, median_norm_of
-from steer_hydra.controls.state.residual import normalized
+from steer_hydra.controls.state.residual import check_layer, normalized
 from steer_hydra.controls.state.vectors import SteeringVector
 from steer_hydra.core.capabilities import Capability
 from steer_hydra.core.controls import BaseArgs, ResidualAddition, StateControl
@@ -57,6 +57,7 @@ logger = logging.getLogger(__name__)
 
 Site = Literal["input", "attention", "heads", "output"]
 _FORMAT = "steer_hydra.adapter_fit/1"
+_LAYER_FIELDS = "layer_id/layers/condition_layer"  # what an out-of-range layer is fixed with
 
 
 class ActivationAdapter(CompiledEdits, FitsVector, StateControl):
@@ -249,7 +250,7 @@ class ActivationAdapter(CompiledEdits, FitsVector, StateControl):
         if self.args.vector is not None:
             return one_direction(self.args.vector, f"{name}.vector")
         layer = self.layer_id if self.layer_id is not None else layout.default_layer(DEFAULT_DEPTH)
-        _check_layer(name, layer, layout)
+        check_layer(name, layer, layout, _LAYER_FIELDS)
         if "direction" in fitted:
             return fitted["direction"]
         if tokenizer is None:
@@ -267,7 +268,7 @@ class ActivationAdapter(CompiledEdits, FitsVector, StateControl):
             fit_layer = self.layer_id if self.data is not None else vector.layer
             layers = (fit_layer if fit_layer is not None else layout.default_layer(DEFAULT_DEPTH),)
         for layer in layers:
-            _check_layer(type(self).__name__, layer, layout)
+            check_layer(type(self).__name__, layer, layout, _LAYER_FIELDS)
         return layers
 
     def _gate(
@@ -277,7 +278,7 @@ class ActivationAdapter(CompiledEdits, FitsVector, StateControl):
             return None, None
         name = type(self).__name__
         layer = self.condition_layer if self.condition_layer is not None else layers[0]
-        _check_layer(name, layer, layout)
+        check_layer(name, layer, layout, _LAYER_FIELDS)
         if self.condition_vector is not None:
             vector = one_direction(self.condition_vector, f"{name}.condition_vector").tensor.float()
             threshold, comparison, accuracy = self.threshold, self.comparison or ">", None
@@ -350,14 +351,6 @@ class ActivationAdapter(CompiledEdits, FitsVector, StateControl):
                 )  # fmt: skip
                 edits.append(dataclasses.replace(edit, gate=condition.gate) if condition is not None else edit)
         return tuple(edits)
-
-
-def _check_layer(name: str, layer: int, layout: ModelLayout) -> None:
-    if not 0 <= layer < layout.num_layers:
-        raise ValueError(
-            f"{name}: layer {layer} is out of range; the model has {layout.num_layers} layers "
-            f"(0..{layout.num_layers - 1}). Fix: layer_id/layers/condition_layer within that range."
-        )
 
 
 def _pack(

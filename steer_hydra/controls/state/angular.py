@@ -45,11 +45,11 @@ from steer_hydra.controls.state.caa import DEFAULT_DEPTH, validate_pairs, valida
 from steer_hydra.controls.state.edits import CompiledEdits
 from steer_hydra.controls.state.layer_vector import FitsVector
 from steer_hydra.controls.state.probing import pair_means
-from steer_hydra.controls.state.residual import check_hidden_size
+from steer_hydra.controls.state.residual import check_hidden_size, check_layer
 from steer_hydra.controls.state.vectors import SteeringVector
 from steer_hydra.core.capabilities import Capability
 from steer_hydra.core.controls import BaseArgs, ResidualAddition, StateControl
-from steer_hydra.core.layout import ModelLayout, resolve_layout
+from steer_hydra.core.layout import resolve_layout
 
 logger = logging.getLogger(__name__)
 
@@ -200,7 +200,7 @@ class AngularSteering(CompiledEdits, FitsVector, StateControl):
             direction, fit_layer, mean = given.tensor.float(), given.layer, None
         else:
             fit_layer = self.layer_id if self.layer_id is not None else layout.default_layer(DEFAULT_DEPTH)
-            _check_layer(name, fit_layer, layout)
+            check_layer(name, fit_layer, layout, "layer_id/layers")
             if fitted is None:
                 tokenizer = tokenizer if tokenizer is not None else self.tokenizer
                 if tokenizer is None:
@@ -239,7 +239,7 @@ class AngularSteering(CompiledEdits, FitsVector, StateControl):
         else:
             layers = (layout.default_layer(DEFAULT_DEPTH),)
         for layer in layers:
-            _check_layer(name, layer, layout)
+            check_layer(name, layer, layout, "layer_id/layers")
         self._basis, self._layers = basis, layers
         self._hash = SteeringVector(basis, None, {}).content_hash
         self._bind_edits(model, layout, self._build_edits())
@@ -257,12 +257,4 @@ class AngularSteering(CompiledEdits, FitsVector, StateControl):
                 layer, "output", mode, self._basis, self.token_scope, last_k=self.last_k or 0, angle=radians
             )
             for layer in self._layers
-        )
-
-
-def _check_layer(name: str, layer: int, layout: ModelLayout) -> None:
-    if not 0 <= layer < layout.num_layers:
-        raise ValueError(
-            f"{name}: layer {layer} is out of range; the model has {layout.num_layers} layers "
-            f"(0..{layout.num_layers - 1}). Fix: layer_id/layers within that range."
         )

@@ -54,6 +54,7 @@ from steer_hydra.controls.state.probing import (
     probe_scores,
     split_pairs,
 )
+from steer_hydra.controls.state.residual import check_layer
 from steer_hydra.controls.state.vectors import SteeringVector
 from steer_hydra.core.capabilities import Capability
 from steer_hydra.core.controls import BaseArgs, ResidualAddition, StateControl
@@ -250,9 +251,9 @@ class ITI(CompiledEdits, FitsVector, StateControl):
             raise RuntimeError(f"{name} needs the model in this process. Fix: use backend=huggingface or vllm.")
         layout = resolve_layout(model)
         for layer in self.layers or ():
-            _check_layer(name, layer, layout)
+            check_layer(name, layer, layout, "layers/heads")
         for layer, head in self.heads or ():
-            _check_layer(name, layer, layout)
+            check_layer(name, layer, layout, "layers/heads")
             if head >= layout.num_heads:
                 raise ValueError(
                     f"{name}.heads names head {head} of layer {layer}; the model has {layout.num_heads} heads "
@@ -362,14 +363,6 @@ class ITI(CompiledEdits, FitsVector, StateControl):
         return tuple(
             ResidualAddition(layer, "heads", "from", rows[layer], scope, last_k=self.last_k if scope == "last_k" else 0)
             for layer in sorted(rows)
-        )
-
-
-def _check_layer(name: str, layer: int, layout: ModelLayout) -> None:
-    if not 0 <= layer < layout.num_layers:
-        raise ValueError(
-            f"{name}: layer {layer} is out of range; the model has {layout.num_layers} layers "
-            f"(0..{layout.num_layers - 1}). Fix: layers/heads within that range."
         )
 
 

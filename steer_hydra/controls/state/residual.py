@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from steer_hydra.core.layout import ModelLayout
+
 _CACHE_KWARGS = ("cache", "past_key_values", "past_key_value")
 
 
@@ -73,6 +75,15 @@ def check_hidden_size(vector: torch.Tensor, hidden_size: int, field_name: str) -
         raise ValueError(
             f"{field_name} has width {vector.shape[-1]} but the model's hidden size is {hidden_size}; "
             "use a vector fitted on this model."
+        )
+
+
+def check_layer(owner: str, layer: int, layout: ModelLayout, fields: str) -> None:
+    """Raise when `layer` is not one of the model's decoder layers, naming the arguments (`fields`) to fix."""
+    if not 0 <= layer < layout.num_layers:
+        raise ValueError(
+            f"{owner}: layer {layer} is out of range; the model has {layout.num_layers} layers "
+            f"(0..{layout.num_layers - 1}). Fix: {fields} within that range."
         )
 
 
