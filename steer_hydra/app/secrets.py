@@ -1,4 +1,5 @@
-"""Keep secrets out of files, logs and W&B: redact secret-looking keys, secret env values and secret overrides.
+"""Keep secrets out of files, logs and W&B: redact secret-looking keys, secret env values, secret overrides and the
+password of a URL (`scheme://user:password@host`, shown as `scheme://user:***@host`) wherever text is redacted.
 
 Also moves the value of a secret-named override into an environment variable (`move_to_environment`), so a
 launcher that pickles or records the overrides (submitit, SLURM) stores only `${oc.env:...}`.
@@ -17,6 +18,8 @@ REDACTED = "***"
 SECRET_ENV_PREFIX = "STEER_HYDRA_SECRET_"
 _ENV_REFERENCE = re.compile(r"\$\{oc\.env:([^,}]+)")
 _TOKENIZER_FIELD = re.compile(r"(pad|eos|bos|unk|sep|cls|mask)_token$")
+# `scheme://user:password@` (also as Hydra writes an override value, with its colons escaped: `http\://u\:p@`)
+_URL_CREDENTIALS = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.\-]*\\?://[^\s:/@\\'\"]*\\?:)(?P<password>[^\s/@'\"]+)@")
 _SECRET_NAME = re.compile(
     r"(api[_-]?key|secret|password|passwd|access[_-]?key|private[_-]?key|credential|(^|[_-])token$)", re.IGNORECASE
 )
@@ -28,6 +31,13 @@ def is_secret_name(name: str) -> bool:
     if lowered.endswith(("_env", "_var")) or _TOKENIZER_FIELD.search(lowered):
         return False
     return bool(_SECRET_NAME.search(name))
+
+
+def mask_url_credentials(text: str) -> str:
+    """`text` with the password of every URL replaced: `http://user:pw@host` -> `http://user:***@host`."""
+    if "@" not in text:
+        return text
+    return _URL_CREDENTIALS.sub(lambda m: f"{m.group('head')}{REDACTED}@", text)
 
 
 def secret_values(environ: Mapping[str, str] | None = None) -> set[str]:
@@ -52,7 +62,7 @@ def redact(value: Any, *, secrets: set[str] | None = None) -> Any:
         for secret in secrets:
             if secret in value:
                 value = value.replace(secret, REDACTED)
-        return value
+        return mask_url_credentials(value)
     return value
 
 
@@ -99,12 +109,16 @@ def override_secrets(overrides: Iterable[str], environ: Mapping[str, str] | None
 
 
 def redact_overrides(overrides: Iterable[str]) -> list[str]:
-    """Override lines with the value of every secret-named key replaced by `***`."""
-    return [f"{line.partition('=')[0]}={REDACTED}" if is_secret_override(line) else line for line in overrides]
+    """Override lines with the value of every secret-named key replaced by `***`, and every URL's password."""
+    return [
+        f"{line.partition('=')[0]}={REDACTED}" if is_secret_override(line) else mask_url_credentials(line)
+        for line in overrides
+    ]
 
 
 class Redactor:
-    """Replaces secrets in text and nested values: env secret values, and the values of secret-named overrides.
+    """Replaces secrets in text and nested values: env secret values, the values of secret-named overrides, and the
+    password of any URL (`mask_url_credentials`; so a redactor is never empty: a URL may come from a config file).
 
     A `key=value` pair of a secret override is redacted wherever it appears (override_dirname, launch lines);
     a bare value only when it is at least `MIN_BARE` characters long (shorter ones would hit ordinary text).
@@ -118,14 +132,14 @@ class Redactor:
         self.values = {v for _, v in self.pairs if len(v) >= self.MIN_BARE} | secret_values(environ)
 
     def __bool__(self) -> bool:
-        return bool(self.pairs or self.values)
+        return True  # URL passwords are masked whatever the overrides and the environment hold
 
     def text(self, text: str) -> str:
         for key, value in sorted(self.pairs, key=lambda p: -len(p[1])):
             text = text.replace(f"{key}={value}", f"{key}={REDACTED}")
         for value in sorted(self.values, key=len, reverse=True):
             text = text.replace(value, REDACTED)
-        return text
+        return mask_url_credentials(text)
 
     def value(self, value: Any) -> Any:
         """`redact` with these secrets, plus override lines redacted by key."""

@@ -220,3 +220,42 @@ def test_a_sweep_hands_its_jobs_secrets_through_the_environment(run_main, tmp_pa
     records = list(outputs.rglob("run-*.wandb"))
     assert len(records) >= 3, err[-2000:]  # one per job and the sweep summary run, scanned like all files
     assert all(read_run(record)[0] for record in records)  # readable, and (checked above) free of the values
+
+
+URL_PASSWORD = "SENTINEL_urlpass_hhh888"
+
+
+def test_mask_url_credentials_keeps_the_user_and_host_and_hides_the_password():
+    from steer_hydra.app.secrets import mask_url_credentials
+
+    assert mask_url_credentials("http://me:pw123@host:8000/v1") == f"http://me:{REDACTED}@host:8000/v1"
+    # as Hydra writes an override value, with its colons escaped
+    assert mask_url_credentials(r"x=http\://me\:pw123@h\:1/v1") == rf"x=http\://me\:{REDACTED}@h\:1/v1"
+    assert mask_url_credentials("mail me@host.org at http://host:80/v1") == "mail me@host.org at http://host:80/v1"
+    assert redact_overrides(["backend.options.base_url=https://u:pw123@h/v1"]) == [
+        f"backend.options.base_url=https://u:{REDACTED}@h/v1"
+    ]
+
+
+@pytest.mark.slow
+def test_a_password_inside_a_url_reaches_no_file_and_no_console_line(run_app, tmp_path, tiny_server):
+    """A sweep of two jobs on backend=vllm_serve whose base_url carries `user:password@`: one runs against the
+    loopback server (every file a job writes, W&B's offline run), one is refused (the sweep's missing_cells.json and
+    re-run lines)."""
+    good = tiny_server.base_url.replace("http://", f"http://me:{URL_PASSWORD}@")
+    down = f"http://me:{URL_PASSWORD}@127.0.0.1:1"
+    done = run_app(
+        "--multirun",
+        "backend=vllm_serve",
+        f'backend.options.base_url="{good}","{down}"',
+        "backend.options.retry_backoff=0",
+        *[o for o in JOB if o != "logger=none"],
+    )
+    code, out, err = done.returncode, done.stdout, done.stderr
+    assert code == 1, err[-3000:]  # the second job is refused
+    outputs = tmp_path / "outputs"
+    assert list(outputs.rglob("job_record.json")) and list(outputs.rglob("missing_cells.json"))  # both ran
+    assert list(outputs.rglob("*.eval")) and list(outputs.rglob("main.log"))
+    assert f"me:{REDACTED}@127.0.0.1" in out + err  # the URL is still shown, without its password
+    assert URL_PASSWORD not in out + err
+    assert files_holding(outputs, (URL_PASSWORD,)) == []
