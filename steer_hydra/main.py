@@ -24,12 +24,13 @@ register_configs()
 def app(cfg: DictConfig) -> float:
     """Compose, evaluate one arm on one suite into the shared save_dir, track; return the headline metric."""
     from steer_hydra.app.job import run_job
-    from steer_hydra.app.preflight import preflight
+    from steer_hydra.app.preflight import preflight, preflight_references
     from steer_hydra.core.errors import ConfigError
     from steer_hydra.evaluation.runner import UnsupportedConfigurationError
 
     try:
         preflight(cfg)  # every config mistake that needs no model, before anything loads or is written
+        preflight_references(cfg)  # the second models and files the arm's controls name, before the model loads
         return run_job(cfg, HydraConfig.get().runtime.output_dir)
     except (ConfigError, UnsupportedConfigurationError) as error:  # say what and how to fix it, in one line
         sys.exit(f"steer_hydra: invalid configuration: {' '.join(str(error).split())}")

@@ -241,8 +241,8 @@ def test_documented_rescore_commands_parse_and_name_a_judge():
     found = [c for c in _doc_commands() if kind(c) == "rescore"]
     assert found
     for args in found:
-        _, overrides = parse_args(args[3:])
-        judge, _ = compose_settings(overrides)
+        _, overrides, _ = parse_args(args[3:])
+        judge, _, _ = compose_settings(overrides)
         assert check_judge(judge, JUDGED_TASKS) == JUDGED_TASKS, shlex.join(args)
 
 

@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 from steer_hydra.analysis.compare import CellSelection
 from steer_hydra.app.compose import compose_config, job_choices, to_plain
 from steer_hydra.app.console import is_tty
-from steer_hydra.app.judge import check_judge, judge_role
+from steer_hydra.app.judge import JudgeOptions, check_judge, judge_role
 from steer_hydra.app.secrets import redact
 from steer_hydra.core.backend import BackendSpec
 from steer_hydra.core.controls import BaseControl
@@ -124,6 +124,7 @@ class JobPlan:
     experiment: str = ""  # `experiment_name`: recorded in every Inspect log's metadata
     judge: str | None = None  # `judge`: the model judge of the suite's concept tasks (`app.judge`), or None
     judged_tasks: tuple[str, ...] = ()  # the suite's tasks the judge scores
+    judge_options: JudgeOptions = field(default_factory=JudgeOptions)  # `judge_options`: its budget and call bounds
     residency: bool = True  # `residency`: keep the loaded base for the next job of this process (`core.resident`)
     _runner: SteeringEval | None = field(default=None, repr=False)
     _claim: SuiteClaim | None = field(default=None, repr=False)
@@ -161,6 +162,7 @@ class JobPlan:
         judge = plain.get("judge")
         try:
             judged = check_judge(judge, [str(t) for t in suite.tasks], suite.name)
+            judge_options = JudgeOptions.from_config(plain.get("judge_options"))
         except ValueError as error:
             raise ConfigError(str(error)) from error
         baseline = str(plain.get("baseline_arm") or "baseline")
@@ -192,6 +194,7 @@ class JobPlan:
             experiment=str(plain.get("experiment_name") or ""),
             judge=judge,
             judged_tasks=judged,
+            judge_options=judge_options,
             residency=bool(plain.get("residency", True)),
         )
 
@@ -310,7 +313,8 @@ class JobPlan:
             return {}
         from steer_hydra.tasks.judge import JUDGE_ROLE, concept_judge
 
+        scorer_args = self.judge_options.scorer_args(self.judge)
         return {
-            "model_roles": {JUDGE_ROLE: judge_role(self.judge)},
-            "scorers": {task: [concept_judge()] for task in self.judged_tasks},
+            "model_roles": {JUDGE_ROLE: judge_role(self.judge, self.judge_options)},
+            "scorers": {task: [concept_judge(**scorer_args)] for task in self.judged_tasks},
         }

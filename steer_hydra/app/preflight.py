@@ -3,7 +3,8 @@
 Invariants:
 - nothing here loads a model, builds a pipeline, writes a file (the writability check creates and removes an
   empty directory) or starts W&B; the slowest checks are Hub lookups bounded by `HUB_TIMEOUT` seconds each (the
-  model, and the datasets of `inspect_evals` tasks that are not cached; none at all under `HF_HUB_OFFLINE=1`);
+  model, and the datasets of `inspect_evals` tasks that are not cached; none at all under `HF_HUB_OFFLINE=1`) and
+  one HTTP request to a network judge's server bounded by `app.judge.PROBE_TIMEOUT` seconds;
 - every problem found is reported in one `ConfigError` whose message is one line: the config key, the bad
   value, what is wrong and `Fix: ...`; several problems are numbered in the same line;
 - checks that need the model's shape (context window, number of layers and heads) use its config (`config.json`
@@ -65,10 +66,20 @@ def preflight(cfg: Any) -> None:
         check_tasks,
         check_concept,
         check_datasets,
+        check_judge_model,
     ):
         problems.extend(p for p in check(plain) if p not in problems)
     if problems:
         raise ConfigError(format_problems(problems))
+
+
+def preflight_references(cfg: Any) -> None:
+    """Raise `ConfigError` (one line, every problem numbered) when a second model or file the arm's controls name
+    cannot be loaded (`check_control_references`); run after `preflight`, before the main model loads. It imports
+    the arm's control classes (as building the job does next), which `preflight` itself never does."""
+    problems = check_control_references(to_plain(cfg))
+    if problems:
+        raise ConfigError(format_problems(list(dict.fromkeys(problems))))
 
 
 def _resolved(cfg: Any, problems: list[str]) -> Mapping[str, Any]:
@@ -492,6 +503,63 @@ def _task_problem(name: str) -> str | None:
     return None
 
 
+def _control_class(target: Any) -> Any:
+    """The class a control's `_target_` names, or None when it does not import or is not a control (building the
+    job reports that)."""
+    if not isinstance(target, str) or "." not in target:
+        return None
+    from steer_hydra.core.controls import BaseControl
+
+    module, _, name = target.rpartition(".")
+    try:
+        found = getattr(importlib.import_module(module), name)
+    except Exception:  # noqa: BLE001 - a missing module or name: instantiating the arm says so, naming the fix
+        return None
+    return found if isinstance(found, type) and issubclass(found, BaseControl) else None
+
+
+def check_control_references(plain: Mapping[str, Any]) -> list[str]:
+    """Every second model and file the enabled controls of the arm name (`BaseControl.references`) resolves before
+    the main model loads: a model reference (`models.checks.reference_problems`), a reward model or classifier that
+    is a sequence classifier (`classifier_problems`), a LoRA folder whose files are readable and whose tensors fit
+    the model (`adapter_problems`), a concept that loads, a file that exists. Each problem names
+    `arm.controls.<slot>.<arg>`."""
+    from steer_hydra.models.checks import adapter_problems, classifier_problems
+
+    controls = _get(plain, "arm.controls") or {}
+    model_ref = _get(plain, "model.model_name_or_path")
+    problems: list[str] = []
+    for slot, node in controls.items():
+        if not isinstance(node, Mapping) or node.get("enabled", True) is False:
+            continue
+        cls = _control_class(node.get("_target_"))
+        if cls is None:
+            continue
+        args = {k: v for k, v in node.items() if not str(k).startswith("_") and k != "enabled"}
+        try:
+            references = cls.references(args)
+        except Exception:  # noqa: BLE001 - malformed arguments: the control's own validation names them
+            continue
+        for arg, reference in references.items():
+            where = f"arm.controls.{slot}.{arg}"
+            value = reference.value
+            if reference.kind == "classifier":
+                problems += classifier_problems(value, where)
+            elif reference.kind == "adapter":
+                problems += adapter_problems(value, where, model_ref)
+            elif reference.kind == "concept":
+                if value != plain.get("concept"):  # the job's own concept is checked by check_concept
+                    problems += [p.replace("concept=", f"{where}=", 1) for p in check_concept({"concept": value})]
+            elif reference.kind == "file":
+                if not Path(str(value)).expanduser().is_file():
+                    problems.append(
+                        f"{where}={value!r}: no such file. Fix: correct the path (relative to the launch directory)."
+                    )
+            else:
+                problems += reference_problems(value, where)
+    return problems
+
+
 def check_concept(plain: Mapping[str, Any]) -> list[str]:
     """`concept` names a built-in concept or a well-formed concept file (the concept suites and controls read it
     as `${concept}`); checked for every job, since loading one small file costs nothing."""
@@ -505,6 +573,21 @@ def check_concept(plain: Mapping[str, Any]) -> list[str]:
     except ConceptFileError as error:
         return [f"concept={value!r}: {error}"]
     return []
+
+
+def check_judge_model(plain: Mapping[str, Any]) -> list[str]:
+    """The judge can be made and reached (`app.judge.judge_problems`: its provider and package, its model reference,
+    its server answering within `PROBE_TIMEOUT` seconds), and `judge_options` holds usable bounds."""
+    judge = plain.get("judge")
+    if judge is None:
+        return []
+    from steer_hydra.app.judge import JudgeOptions, judge_problems
+
+    try:
+        options = JudgeOptions.from_config(plain.get("judge_options"))
+    except (TypeError, ValueError) as error:
+        return [str(error)]
+    return judge_problems(judge, options)
 
 
 # ---------------------------------------------------------------------------------------------- catalog datasets

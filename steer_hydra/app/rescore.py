@@ -1,6 +1,7 @@
 """Judge finished concept-steering logs with a model judge without generating again, then rewrite the tables.
 
-`python -m steer_hydra.rescore <dir> judge=<model> [key=value ...]` (`main`), or `rescore(dir, judge)` from Python.
+`python -m steer_hydra.rescore <dir> judge=<model> [limit=N] [key=value ...]` (`main`), or `rescore(dir, judge)` from
+Python.
 
 What it reads: `<dir>` is
 - a sweep directory (holds `multirun.yaml`): the save_dirs its jobs (`*/job_record.json`) evaluated into, their
@@ -30,8 +31,15 @@ Agreement: per criterion (concept, instruction, fluency, harmonic), Spearman's r
 score and the judge's over the judged samples (`stats.agreement`), written as `agreement.csv` beside each rewritten
 set of tables (and into the save_dir for a save_dir) and returned.
 
-Errors name what to do: a directory that is none of the three, or holds no finished log of a judged task (the
-message says where it looked); samples without `concept_description` (named before any judge call).
+Limits and progress: `limit=N` judges only the first N samples of each log that did not fail (try a judge on a
+few samples first); `judge_options.max_tokens` is the judge's token budget per reply, and a judge reached over the
+network gets `judge_options.attempt_timeout`, `max_retries` and `timeout` on every call. Progress is a bar on a
+terminal and, in a pipe or a file, one line at most every `PROGRESS_EVERY` seconds (and at the end).
+
+Errors name what to do, in one line and before any model loads: a directory that is none of the three, or holds no
+finished log of a judged task (the message says where it looked); samples without `concept_description`; a judge
+that cannot be made or reached (`app.judge.judge_problems`, bounded). The console goes through the app's redaction
+(secret-named overrides, secret environment values, URL passwords), as the app's does.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ import contextlib
 import logging
 import os
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,7 +59,7 @@ import pandas as pd
 from steer_hydra.analysis.compare import compare, write_files
 from steer_hydra.analysis.logs import cells_from_logs, resolve_log_path, task_result, task_samples
 from steer_hydra.analysis.stats import AGREEMENT_COLUMNS, agreement
-from steer_hydra.app.judge import judge_as_model
+from steer_hydra.app.judge import JudgeOptions, judge_as_model, judge_problems
 from steer_hydra.app.records import JOB_RECORD, JobRecord
 from steer_hydra.app.results import summary_metrics
 from steer_hydra.core.files import write_csv
@@ -61,6 +70,7 @@ logger = logging.getLogger(__name__)
 
 MULTIRUN_FILE = "multirun.yaml"
 AGREEMENT_FILE = "agreement.csv"
+PROGRESS_EVERY = 10.0  # seconds between two progress lines in a pipe
 
 
 class RescoreError(ValueError):
@@ -187,18 +197,19 @@ def _read(path: Path) -> Any:
     return read_eval_log(str(path))
 
 
-def _scorable(log: Any) -> list[Any]:
-    """The samples the judge scores: those that did not fail."""
-    return [sample for sample in log.samples or [] if getattr(sample, "error", None) is None]
+def _scorable(log: Any, limit: int | None = None) -> list[Any]:
+    """The samples the judge scores: those that did not fail (the first `limit` of them)."""
+    samples = [sample for sample in log.samples or [] if getattr(sample, "error", None) is None]
+    return samples if limit is None else samples[:limit]
 
 
-def check_judgeable(logs: Sequence[JudgedLog]) -> int:
+def check_judgeable(logs: Sequence[JudgedLog], limit: int | None = None) -> int:
     """The number of samples to judge; `RescoreError` naming the first log whose samples lack the concept's
     description (before any judge call)."""
     total = 0
     for entry in logs:
         log = _read(entry.path)
-        samples = _scorable(log)
+        samples = _scorable(log, limit)
         lacking = [s.id for s in samples if not str((s.metadata or {}).get("concept_description") or "").strip()]
         if lacking:
             raise RescoreError(
@@ -224,14 +235,16 @@ def _drop_judge(log: Any) -> None:
         log.eval.scorers = [s for s in log.eval.scorers if s.name.split("/")[-1] != SCORER_NAME]
 
 
-async def _judge_log(log: Any, judge: Any, bar: Any) -> None:
-    """Append `concept_judge` scores to the log's samples that did not fail (in place)."""
+async def _judge_log(
+    log: Any, judge: Any, bar: Any, scorer_args: dict[str, Any] | None = None, limit: int | None = None
+) -> None:
+    """Append `concept_judge` scores to the log's samples that did not fail (the first `limit`; in place)."""
     from inspect_ai import score_async
     from inspect_ai.model import get_model
 
     from steer_hydra.tasks.judge import concept_judge
 
-    everything, scorable = list(log.samples or []), _scorable(log)
+    everything, scorable = list(log.samples or []), _scorable(log, limit)
     if not scorable:
         return
 
@@ -248,7 +261,7 @@ async def _judge_log(log: Any, judge: Any, bar: Any) -> None:
     try:
         await score_async(
             log,
-            [concept_judge()],
+            [concept_judge(**(scorer_args or {}))],
             model=get_model("none"),  # the model under test: refuses to generate
             model_roles={JUDGE_ROLE: judge},
             action="append",
@@ -269,7 +282,14 @@ def _write_over(log: Any, entry: JudgedLog) -> None:
         os.replace(temp, entry.path)
 
 
-def judge_logs(logs: Sequence[JudgedLog], judge: Any, *, bar: Any = None) -> None:
+def judge_logs(
+    logs: Sequence[JudgedLog],
+    judge: Any,
+    *,
+    bar: Any = None,
+    scorer_args: dict[str, Any] | None = None,
+    limit: int | None = None,
+) -> None:
     """Judge each log in place (see the module docstring)."""
     import anyio
 
@@ -278,7 +298,7 @@ def judge_logs(logs: Sequence[JudgedLog], judge: Any, *, bar: Any = None) -> Non
         with store.locked_cell(entry.cell):  # the lock a job evaluating that cell holds
             log = _read(entry.path)
             _drop_judge(log)
-            anyio.run(_judge_log, log, judge, bar)
+            anyio.run(_judge_log, log, judge, bar, scorer_args, limit)
             _write_over(log, entry)
             # the cell's index, when it names this log, takes the new metrics (a re-run then reports them)
             store.update_indexed_metrics(
@@ -343,10 +363,38 @@ def _overall_agreement(logs: Sequence[JudgedLog]) -> pd.DataFrame:
     return agreement_table([pd.concat(parts, ignore_index=True) for parts in by_task.values()])
 
 
+class ProgressLines:
+    """Progress for a pipe or a file: `judging: k/N sample(s) ..., ETA ...` logged at most every `every` seconds
+    and when the last sample is judged (a bar's `update(n)`)."""
+
+    def __init__(self, total: int, every: float = PROGRESS_EVERY) -> None:
+        self.total, self.every, self.done = total, every, 0
+        self.start = self.last = time.monotonic()
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+        now = time.monotonic()
+        if self.done < self.total and now - self.last < self.every:
+            return
+        self.last = now
+        elapsed = now - self.start
+        eta = elapsed / self.done * (self.total - self.done) if self.done else float("nan")
+        logger.info("judging: %d/%d sample(s) in %.0fs, ETA %.0fs", self.done, self.total, elapsed, eta)
+
+    def close(self) -> None:
+        """Nothing to close (a bar's interface)."""
+
+
 @contextlib.contextmanager
 def _progress(enabled: bool, total: int) -> Iterator[Any]:
+    """A samples bar on a terminal, progress lines elsewhere (none when not `enabled`)."""
+    from steer_hydra.app.console import is_tty
+
     if not enabled:
         yield None
+        return
+    if not is_tty():
+        yield ProgressLines(total, PROGRESS_EVERY)
         return
     from tqdm.auto import tqdm
 
@@ -357,19 +405,31 @@ def _progress(enabled: bool, total: int) -> Iterator[Any]:
         bar.close()
 
 
-def rescore(directory: str | Path, judge: Any, *, progress: bool = False) -> RescoreResult:
+def rescore(
+    directory: str | Path,
+    judge: Any,
+    *,
+    progress: bool = False,
+    options: JudgeOptions | None = None,
+    limit: int | None = None,
+) -> RescoreResult:
     """Judge the finished concept-steering logs `directory` covers and rewrite its tables (module docstring).
 
-    `judge`: a `judge=` string (an Inspect model string or `steer_hydra/<model option>`) or an Inspect `Model`.
-    `progress`: a samples bar while judging.
+    `judge`: a `judge=` string (an Inspect model string, `steer_hydra/<model option>` or `steer_hydra/scripted`) or
+    an Inspect `Model`. `progress`: a samples bar on a terminal, progress lines in a pipe. `options`: the judge's
+    token budget and call bounds (`judge_options`). `limit`: judge the first `limit` samples of each log only.
     """
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise RescoreError(f"limit={limit!r} must be an integer >= 1. Fix: limit=N (or leave it out for all samples).")
+    options = options or JudgeOptions()
     target = find_target(directory)
     logs = judged_logs(target)
-    total = check_judgeable(logs)
-    model, release = judge_as_model(judge)
+    total = check_judgeable(logs, limit)
+    model, release = judge_as_model(judge, options)
+    scorer_args = options.scorer_args(judge if isinstance(judge, str) else None)
     try:
         with _progress(progress, total) as bar:
-            judge_logs(logs, model, bar=bar)
+            judge_logs(logs, model, bar=bar, scorer_args=scorer_args, limit=limit)
     finally:
         release()
     written: list[Path] = []
@@ -386,60 +446,93 @@ def rescore(directory: str | Path, judge: Any, *, progress: bool = False) -> Res
 
 
 # ---------------------------------------------------------------------------------------------- command line
-USAGE = """usage: python -m steer_hydra.rescore <dir> judge=<model> [key=value ...]
+USAGE = """usage: python -m steer_hydra.rescore <dir> judge=<model> [limit=N] [key=value ...]
 
 Judge finished concept-steering logs with a model judge, without generating again, then rewrite the tables.
 
   <dir>          a save_dir (holds inspect_logs/), a job's output directory (job_record.json) or a sweep
                  directory (multirun.yaml)
-  judge=<model>  an Inspect model string (openai/gpt-4o-mini, hf/<repo>, vllm/<model>, mockllm/model) or
-                 steer_hydra/<model option> (e.g. steer_hydra/smollm2)
-  key=value      other overrides of the app's config (e.g. progress=false, hydra.searchpath=[...] for your own
-                 model options)
+  judge=<model>  a served model: vllm/<model> or openai/<model> with judge_options.base_url=http://HOST:PORT/v1
+                 (or VLLM_BASE_URL / OPENAI_BASE_URL); openai/gpt-4o-mini; steer_hydra/<model option>
+                 (e.g. steer_hydra/smollm2, in this process); steer_hydra/scripted (offline, ratings from a
+                 digest: for trying the path out)
+  limit=N        judge only the first N samples of each log
+  key=value      other overrides of the app's config: judge_options.max_tokens=N (the judge's token budget per
+                 reply), judge_options.attempt_timeout / max_retries / timeout (the bounds of each call to a
+                 network judge), progress=false, hydra.searchpath=[...] for your own model options
 
 Writes the judged logs back in place, the tables (results.csv, samples.csv, results_table.csv, ...) of the jobs
 and sweeps concerned, and agreement.csv (Spearman between each rule score and the judge's)."""
 
 
-def parse_args(argv: Sequence[str]) -> tuple[Path, list[str]]:
-    """`(directory, overrides)`; `SystemExit` with the usage for `--help` or a missing directory or judge."""
+def parse_args(argv: Sequence[str]) -> tuple[Path, list[str], int | None]:
+    """`(directory, overrides, limit)`; `SystemExit` with the usage for `--help` or a missing directory or judge."""
     args = list(argv)
     if not args or any(a in ("-h", "--help") for a in args):
         print(USAGE)
         raise SystemExit(0 if args else 2)
     positional = [a for a in args if "=" not in a]
-    overrides = [a for a in args if "=" in a]
+    overrides = [a for a in args if "=" in a and not a.startswith("limit=")]
+    limits = [a.partition("=")[2] for a in args if a.startswith("limit=")]
     if len(positional) != 1:
         raise SystemExit(f"steer_hydra.rescore: give one directory; got {positional}.\n\n{USAGE}")
     if not any(o.lstrip("+").startswith("judge=") for o in overrides):
         raise SystemExit(f"steer_hydra.rescore: judge=<model> is required.\n\n{USAGE}")
-    return Path(positional[0]), overrides
+    limit = None
+    if limits:
+        if not limits[-1].isdigit() or int(limits[-1]) < 1:
+            raise SystemExit(f"steer_hydra.rescore: limit={limits[-1]} must be an integer >= 1.\n\n{USAGE}")
+        limit = int(limits[-1])
+    return Path(positional[0]), overrides, limit
 
 
-def compose_settings(overrides: Sequence[str]) -> tuple[str, bool]:
-    """`(judge, progress)` from the app's config composed with `overrides` (Hydra validates them)."""
-    from steer_hydra.app.compose import compose_config
+def compose_settings(overrides: Sequence[str]) -> tuple[str, bool, JudgeOptions]:
+    """`(judge, progress, judge options)` from the app's config composed with `overrides` (Hydra validates them)."""
+    from steer_hydra.app.compose import compose_config, to_plain
 
     cfg = compose_config(overrides, standalone=True)
     if not cfg.judge:
         raise RescoreError(f"judge is empty. Fix: judge=<model>.\n\n{USAGE}")
-    return str(cfg.judge), bool(cfg.progress)
+    return str(cfg.judge), bool(cfg.progress), JudgeOptions.from_config(to_plain(cfg.judge_options))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The command: exit status 0 when every log was judged and the tables rewritten, 2 on bad input."""
+    """The command: exit status 0 when every log was judged and the tables rewritten, 2 on bad input, 1 when
+    judging failed (the logs judged before stay judged; a re-run judges the rest, cached replies cost nothing).
+
+    Everything it prints goes through the app's redaction (`Redactor` of its arguments and the environment)."""
+    from steer_hydra.app.redaction import install_log_redaction, redacted_console
+    from steer_hydra.app.secrets import Redactor
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    redactor = Redactor(args)
+    install_log_redaction(redactor)
+    with redacted_console(redactor):
+        logging.basicConfig(level=logging.INFO, format="[%(levelname)s] %(message)s")
+        return _main(args)
+
+
+def _main(args: list[str]) -> int:
     from hydra.errors import HydraException
 
-    from steer_hydra.app.console import is_tty
-
-    logging.basicConfig(level=logging.INFO, format="[%(levelname)s] %(message)s")
-    directory, overrides = parse_args(sys.argv[1:] if argv is None else argv)
+    directory, overrides, limit = parse_args(args)
     try:
-        judge, progress = compose_settings(overrides)
-        result = rescore(directory, judge, progress=progress and is_tty())
+        judge, progress, options = compose_settings(overrides)
+        problems = judge_problems(judge, options)
+        if problems:
+            raise RescoreError(" ".join(problems))
+        result = rescore(directory, judge, progress=progress, options=options, limit=limit)
     except (RescoreError, HydraException, ValueError) as error:
         print(f"steer_hydra.rescore: {' '.join(str(error).split())}", file=sys.stderr)
         return 2
+    except Exception as error:  # noqa: BLE001 - a judge call that failed past its bounds: one line, not a traceback
+        print(
+            f"steer_hydra.rescore: judging failed ({type(error).__name__}: {' '.join(str(error).split())[:500]}). "
+            "The logs judged before it stay judged. Fix: check the judge (judge_options.attempt_timeout, max_retries "
+            "and timeout bound each call), then re-run the command; replies already given come from the cache.",
+            file=sys.stderr,
+        )
+        return 1
     shown = result.agreement.copy()
     shown["spearman"] = shown["spearman"].map(lambda v: f"{v:.3f}" if pd.notna(v) else "nan")
     print(f"\nJudged {result.samples} sample(s) in {len(result.logs)} log(s) with judge={judge}.")
@@ -452,6 +545,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 __all__ = [
+    "ProgressLines",
     "RescoreError",
     "RescoreResult",
     "agreement_table",

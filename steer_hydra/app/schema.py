@@ -137,6 +137,19 @@ class LoggerConfig:
 
 
 @dataclass
+class JudgeOptionsConfig:
+    """`judge_options`: the model judge's token budget and the bounds of each call to a judge reached over the network
+    (steer_hydra/app/judge.py `JudgeOptions`): Inspect retries a provider that never answers without limit unless
+    told."""
+
+    max_tokens: int = 512  # the judge's token budget per reply (its reasoning and the rating line)
+    attempt_timeout: int = 120  # seconds one attempt may take; then it is abandoned and retried
+    max_retries: int = 2  # retries of a failed or abandoned attempt
+    timeout: int = 400  # seconds one judge call may take over all its attempts
+    base_url: Optional[str] = None  # noqa: UP045 - the judge's server (http://host:port/v1); None: Inspect's setting
+
+
+@dataclass
 class AppConfig:
     """The whole job: one arm of one model on one suite, `num_trials` trials from `seed`."""
 
@@ -161,9 +174,11 @@ class AppConfig:
     # key for every method; arms that do not reference it ignore it (their config_id does not change).
     strength: float = 0.5
     # The model judge of the concept-steering task (`concept_judge` beside its rule scorers, bound to Inspect's model
-    # role "judge"): an Inspect model string (openai/gpt-4o-mini, hf/..., vllm/..., mockllm/model) or
-    # steer_hydra/<model option> (steer_hydra/smollm2). None: rule scorers only (steer_hydra/app/judge.py).
+    # role "judge"): an Inspect model string (vllm/<model> or openai/<model> with judge_options.base_url, hf/...),
+    # steer_hydra/<model option> (steer_hydra/smollm2) or steer_hydra/scripted (offline, for trying the path out).
+    # None: rule scorers only (steer_hydra/app/judge.py).
     judge: Optional[str] = None  # noqa: UP045
+    judge_options: JudgeOptionsConfig = field(default_factory=JudgeOptionsConfig)
     # The concept the concept suites and controls read as ${concept}: a built-in concept's name (weddings, joy,
     # pirate, money, dragons, sadness, shakespearean, french) or the path of a concept file (.yaml / .yml; see
     # steer_hydra/tasks/concepts.py). Pre-flight loads it, so a bad file is refused before any model loads.

@@ -20,6 +20,9 @@ layer read about it:
 - `RUNTIME_KWARGS_SCHEMA`: the per-call or per-row arguments it reads;
 - `vector_hash`: the content hash of a steering vector it uses beyond its Args (None when none), and
   `provenance()`: what it chose or built at `steer()` (e.g. an optimized instruction), as JSON values;
+- `references(args)`: every second model, adapter or file its arguments name that `steer()` loads or reads (a
+  `Reference` per argument: an amateur or expert model, a reward model or classifier, a LoRA folder, a checkpoint,
+  a concept file), so the app resolves and checks each one before the main model loads;
 - state controls only: `adds_residual` with `residual_edits()` (or `residual_addition()` for one), when the
   control's whole effect is fixed edits of decoder layers' residual streams (additions, projections, rotations,
   head-slice additions, per-row gates), so a backend that runs no hooks (vLLM) can apply them itself.
@@ -129,6 +132,25 @@ def _describe(hint: Any) -> str:
     return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
 
 
+ReferenceKind = Literal["model", "classifier", "adapter", "concept", "file"]
+
+
+@dataclass(frozen=True, slots=True)
+class Reference:
+    """A model or file a control's argument names, which its `steer()` loads or reads.
+
+    Attributes:
+        value: the reference as given (a Hub id, a local folder or file, a built-in `steer_hydra:` reference, a
+            concept name).
+        kind: `model` (a causal LM: an amateur, an expert, a checkpoint, a merge input), `classifier` (a sequence
+            classifier: a reward or value model, whose head must have been trained), `adapter` (a PEFT LoRA folder),
+            `concept` (a built-in concept or a concept file) or `file` (any other file that must exist).
+    """
+
+    value: str
+    kind: ReferenceKind = "model"
+
+
 class BaseControl:
     """Shared behaviour of every control: Args mirroring, `enabled`, declarations and lifecycle hooks.
 
@@ -203,6 +225,14 @@ class BaseControl:
     def content_digests(cls, args: Mapping[str, Any]) -> dict[str, str]:
         """Digests of the files these constructor arguments name whose content belongs to the configuration's
         identity (e.g. an adapter's weights), so a changed file gives a new configuration id; {} by default."""
+        return {}
+
+    @classmethod
+    def references(cls, args: Mapping[str, Any]) -> dict[str, Reference]:
+        """The second models and files these constructor arguments name that `steer()` loads or reads, keyed by the
+        argument (`"amateur"`, `"models[1]"`), so they are resolved and checked before any model loads; {} by default.
+        Read from the arguments as given (the control is not built), and only what they name: a missing or
+        malformed argument is left to `Args` validation."""
         return {}
 
     def descriptor(self) -> dict[str, Any]:

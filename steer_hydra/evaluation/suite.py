@@ -34,6 +34,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextvars
 import copy
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -228,7 +229,9 @@ class InspectSuite:
         tasks, kwargs = _leave_out_unwritable_samples(tasks, kwargs)
         if scorers:
             tasks, kwargs = _with_scorers(tasks, kwargs, scorers)
-        success, logs = eval_set(tasks, log_dir=str(log_dir), **kwargs)
+        # in a copy of this context: what Inspect binds for the run (its model roles: a judge) ends with it, so a
+        # later evaluation or scorer in this process never sees another run's judge
+        success, logs = contextvars.copy_context().run(eval_set, tasks, log_dir=str(log_dir), **kwargs)
         _check_finished(tasks, logs, log_dir, success)
         if success:
             return list(logs)

@@ -224,7 +224,14 @@ async def _rate(
     return math.nan, replies
 
 
-def _concept_judge(max_tokens: int = 512, temperature: float = 0.0, cache: bool = True) -> Scorer:
+def _concept_judge(
+    max_tokens: int = 512,
+    temperature: float = 0.0,
+    cache: bool = True,
+    timeout: int | None = None,
+    attempt_timeout: int | None = None,
+    max_retries: int | None = None,
+) -> Scorer:
     """AxBench's model judge (see the module): `judge_concept`, `judge_instruction`, `judge_fluency` (0/1/2, NaN
     when unscored) and `judge_harmonic`, from the model bound to the "judge" role.
 
@@ -233,8 +240,19 @@ def _concept_judge(max_tokens: int = 512, temperature: float = 0.0, cache: bool 
         temperature: the judge's sampling temperature (0: greedy).
         cache: keep judge replies in Inspect's generate cache (keyed by the judge's identity), so judging the same
             answer again makes no call.
+        timeout: seconds one judge call may take over all its attempts (Inspect's `GenerateConfig.timeout`); None
+            leaves Inspect's default, which for a provider that never answers is no limit.
+        attempt_timeout: seconds one attempt may take before it is abandoned and retried.
+        max_retries: retries of a failed or abandoned attempt (None: Inspect's default, unlimited for some
+            providers).
     """
-    config = GenerateConfig(max_tokens=max_tokens, temperature=temperature)
+    config = GenerateConfig(
+        max_tokens=max_tokens,
+        temperature=temperature,
+        timeout=timeout,
+        attempt_timeout=attempt_timeout,
+        max_retries=max_retries,
+    )
 
     async def score(state: TaskState, target: Target) -> Score:
         judge = judge_model()

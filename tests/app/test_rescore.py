@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.util
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -14,6 +15,7 @@ from inspect_ai.log import list_eval_logs, read_eval_log
 from inspect_ai.model import ModelOutput, ModelUsage, get_model
 
 from steer_hydra.app import job as job_module
+from steer_hydra.app.judge import JudgeOptions
 from steer_hydra.app.plan import JobPlan
 from steer_hydra.app.rescore import RescoreError, main, rescore
 from steer_hydra.core.errors import ConfigError
@@ -167,10 +169,10 @@ def test_a_pipeline_judge_serves_every_log_and_an_unparseable_judge_leaves_sampl
 def test_the_command_line_rescores_a_job_directory(compose_cfg, tmp_path, monkeypatch, capsys):
     base = _job(compose_cfg, tmp_path, "base")
     judge = ScriptedJudge()
-    monkeypatch.setattr("steer_hydra.app.rescore.judge_as_model", lambda spec: (judge.model(), lambda: None))
-    assert main([str(base), "judge=mockllm/model", "progress=false"]) == 0
+    monkeypatch.setattr("steer_hydra.app.rescore.judge_as_model", lambda spec, options: (judge.model(), lambda: None))
+    assert main([str(base), "judge=steer_hydra/scripted", "progress=false"]) == 0
     out = capsys.readouterr().out
-    assert "Judged 3 sample(s) in 1 log(s) with judge=mockllm/model" in out and "harmonic" in out
+    assert "Judged 3 sample(s) in 1 log(s) with judge=steer_hydra/scripted" in out and "harmonic" in out
     assert (base / "agreement.csv").is_file() and judge.calls == 9
 
 
@@ -180,7 +182,7 @@ def test_rescore_errors_say_where_they_looked(tmp_path, capsys):
     (tmp_path / "save" / "inspect_logs").mkdir(parents=True)
     with pytest.raises(RescoreError, match=r"No finished log of steer_hydra/concept_steering found; looked in .*save"):
         rescore(tmp_path / "save", "mockllm/model")
-    assert main([str(tmp_path / "save"), "judge=mockllm/model"]) == 2
+    assert main([str(tmp_path / "save"), "judge=steer_hydra/scripted"]) == 2
     assert "looked in" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="judge=<model> is required"):
         main([str(tmp_path / "save")])
@@ -191,7 +193,7 @@ def test_rescore_errors_say_where_they_looked(tmp_path, capsys):
 
 def test_a_job_with_a_judge_scores_beside_the_rules_and_records_it_in_the_protocol(compose_cfg, tmp_path, monkeypatch):
     judge = ScriptedJudge()
-    monkeypatch.setattr("steer_hydra.app.plan.judge_role", lambda spec: judge.model())
+    monkeypatch.setattr("steer_hydra.app.plan.judge_role", lambda spec, options=None: judge.model())
     out = _job(compose_cfg, tmp_path, "judged", "judge=mockllm/model")
     results = _csv(out / "results.csv")
     assert {"concept_score", "judge_concept", "judge_harmonic", "concept_judge"} <= set(results["scorer"])
@@ -252,3 +254,78 @@ def test_smollm2_judges_a_tiny_job_end_to_end_offline(compose_cfg, tmp_path, gen
     result = rescore(save_dir, "steer_hydra/smollm2")
     assert result.samples == 1 and (out / "agreement.csv").is_file()
     assert generations == {"steer": 1, "generate": 0}
+
+
+def test_the_command_line_shows_no_secret_it_was_given(tmp_path, capsys):
+    """A mistyped override quoting a secret (Hydra says `use +bogus_password=<value>`) goes through the app's
+    redaction, as does a URL's password."""
+    (tmp_path / "save" / "inspect_logs").mkdir(parents=True)
+    secret = "SENTINEL_rescore_iii999"
+    assert main([str(tmp_path / "save"), "judge=steer_hydra/scripted", f"bogus_password={secret}"]) == 2
+    err = capsys.readouterr().err
+    assert "bogus_password=***" in err and secret not in err
+    url = f"judge_options.base_url=http://me:{secret}@127.0.0.1:1/v1"
+    assert main([str(tmp_path / "save"), "judge=vllm/judge-model", url]) == 2
+    captured = capsys.readouterr()
+    assert "judge=vllm/judge-model" in captured.err and secret not in captured.out + captured.err
+
+
+def test_a_limited_scripted_rescore_in_a_pipe_prints_progress_and_judges_only_the_first_samples(
+    compose_cfg, tmp_path, capsys, caplog, monkeypatch
+):
+    import logging
+
+    from steer_hydra.app import rescore as rescore_module
+
+    base = _job(compose_cfg, tmp_path, "base")
+    monkeypatch.setattr(rescore_module, "PROGRESS_EVERY", 0.0)  # a line per sample
+    caplog.set_level(logging.INFO, logger="steer_hydra.app.rescore")
+    assert main([str(base), "judge=steer_hydra/scripted", "limit=2", "judge_options.max_tokens=32"]) == 0
+    out = capsys.readouterr().out
+    assert "Judged 2 sample(s) in 1 log(s) with judge=steer_hydra/scripted" in out
+    progress = [r.getMessage() for r in caplog.records if r.getMessage().startswith("judging:")]
+    assert [line.split(" in ")[0] for line in progress] == ["judging: 1/2 sample(s)", "judging: 2/2 sample(s)"]
+    (info,) = list_eval_logs(str(tmp_path / "default" / "tiny" / "seed_0" / "inspect_logs" / "baseline"))
+    judged = [s for s in read_eval_log(info.name).samples if "concept_judge" in (s.scores or {})]
+    assert len(judged) == 2  # of 3
+    with pytest.raises(SystemExit, match="limit=0 must be an integer >= 1"):
+        main([str(base), "judge=steer_hydra/scripted", "limit=0"])
+
+
+def test_a_judge_that_never_answers_fails_the_rescore_within_its_bounds(compose_cfg, tmp_path):
+    """Inspect retries a provider that never answers without limit unless told: judge_options bound every call."""
+    import anyio
+    from inspect_ai.model import GenerateConfig, Model, ModelAPI, modelapi
+
+    @modelapi(name="steer_hydra_test_silent")
+    class Silent(ModelAPI):
+        def __init__(self, model_name, base_url=None, api_key=None, config=GenerateConfig(), **kwargs):
+            super().__init__(model_name, base_url, api_key, [], config)
+
+        async def generate(self, input, tools, tool_choice, config):
+            await anyio.sleep(3600)
+
+        def should_retry(self, ex):
+            return True
+
+    base = _job(compose_cfg, tmp_path, "base", "suite.limit=1")
+    log_before = next(iter(list_eval_logs(str(tmp_path / "default" / "tiny" / "seed_0" / "inspect_logs")))).name
+    before = read_eval_log(log_before)
+    silent = Model(Silent("silent"), GenerateConfig())
+    started = time.monotonic()
+    with pytest.raises(Exception) as failed:
+        rescore(base, silent, options=JudgeOptions(attempt_timeout=1, max_retries=1, timeout=3))
+    assert time.monotonic() - started < 60, "the judge's bounds did not hold"
+    assert not isinstance(failed.value, KeyboardInterrupt)
+    after = read_eval_log(log_before)
+    assert [s.scores.keys() for s in after.samples] == [s.scores.keys() for s in before.samples]  # left as it was
+
+
+def test_a_job_judged_by_the_offline_scripted_judge_scores_every_sample(compose_cfg, tmp_path):
+    out = _job(compose_cfg, tmp_path, "scripted", "judge=steer_hydra/scripted", "suite.limit=2")
+    results = _csv(out / "results.csv")
+    assert set(JUDGE_ROWS) <= set(results["scorer"])
+    unscored = results[(results["scorer"] == "concept_judge") & (results["metric"] == "unscored")]
+    assert unscored["value"].tolist() == ["0.0"]  # every reply in the answer format
+    (info,) = list_eval_logs(str(tmp_path / "default" / "tiny" / "seed_0" / "inspect_logs" / "baseline"))
+    assert read_eval_log(info.name, header_only=True).eval.model_roles["judge"].model == "steer_hydra/scripted"

@@ -29,7 +29,7 @@ import torch
 
 from steer_hydra.controls.output.auxiliary import PrefixCache, call_rows, release
 from steer_hydra.core.capabilities import Capability
-from steer_hydra.core.controls import BaseArgs, OutputControl
+from steer_hydra.core.controls import BaseArgs, OutputControl, Reference
 
 SPACES = ("logits", "log_probs")
 
@@ -219,6 +219,21 @@ class ContrastiveGuidance(OutputControl):
     def model_fields(self) -> list[str]:
         """How messages name each second model (the Args field holding its reference)."""
         return [f"models[{i}]" for i in range(len(self.models))]
+
+    @classmethod
+    def references(cls, args: Mapping[str, Any]) -> dict[str, Reference]:
+        """The second models `steer()` loads: `models[i]`, or a configuration's `expert`, `anti_expert`, `amateur`."""
+        found: dict[str, Reference] = {}
+        models = args.get("models")
+        if isinstance(models, (list, tuple)):
+            found.update(
+                {f"models[{i}]": Reference(m) for i, m in enumerate(models) if isinstance(m, str) and m.strip()}
+            )
+        for name in ("expert", "anti_expert", "amateur"):
+            value = args.get(name)
+            if isinstance(value, str) and value.strip():
+                found[name] = Reference(value)
+        return found
 
     @property
     def loaded_models(self) -> list[torch.nn.Module] | None:

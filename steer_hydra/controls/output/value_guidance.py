@@ -38,7 +38,7 @@ import torch
 from steer_hydra.controls.output.auxiliary import PrefixCache, call_rows, positions, prompt_mask_for, release
 from steer_hydra.controls.output.contrastive_guidance import output_vocab_size
 from steer_hydra.core.capabilities import Capability
-from steer_hydra.core.controls import BaseArgs, OutputControl
+from steer_hydra.core.controls import BaseArgs, OutputControl, Reference
 
 HEAD_NAME = "score"  # the head of transformers' decoder *ForSequenceClassification models (Llama, GPT-2, Qwen...)
 VALUE_KINDS = ("probability", "log_probability", "logit")
@@ -410,6 +410,14 @@ class ValueGuidance(OutputControl):
     def _configure(self) -> None:
         self._classifier: torch.nn.Module | None = None
         self._tokenizers: tuple[Any, Any] | None = None
+
+    @classmethod
+    def references(cls, args: Mapping[str, Any]) -> dict[str, Reference]:
+        """The value model `steer()` loads as a sequence classifier (its head must have been trained)."""
+        value = args.get(cls.value_model_field)
+        return (
+            {cls.value_model_field: Reference(value, "classifier")} if isinstance(value, str) and value.strip() else {}
+        )
 
     @property
     def classifier(self) -> torch.nn.Module | None:

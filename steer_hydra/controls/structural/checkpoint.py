@@ -28,7 +28,7 @@ import torch
 
 from steer_hydra.controls.structural.artifacts import CHECKPOINT_PATTERNS, folder_sha256, weights_digest
 from steer_hydra.core.capabilities import Capability
-from steer_hydra.core.controls import BaseArgs, StructuralControl
+from steer_hydra.core.controls import BaseArgs, Reference, StructuralControl
 
 logger = logging.getLogger(__name__)
 
@@ -224,6 +224,12 @@ class LoadCheckpoint(StructuralControl):
             return {"checkpoint_sha256": folder_sha256(folder, CHECKPOINT_PATTERNS)}
         except ValueError:
             return {}  # no weights there: steer() refuses the folder, naming the fix
+
+    @classmethod
+    def references(cls, args: Mapping[str, Any]) -> dict[str, Reference]:
+        """The checkpoint `steer()` loads (a folder or a model reference), resolved before the model loads."""
+        checkpoint = args.get("checkpoint")
+        return {"checkpoint": Reference(checkpoint)} if isinstance(checkpoint, str) and checkpoint.strip() else {}
 
     @property
     def vector_hash(self) -> str | None:

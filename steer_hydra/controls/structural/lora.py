@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from steer_hydra.core.capabilities import Capability
-from steer_hydra.core.controls import BaseArgs, StructuralControl
+from steer_hydra.core.controls import BaseArgs, Reference, StructuralControl
 
 logger = logging.getLogger(__name__)
 
@@ -230,6 +230,12 @@ class LoRAAdapter(StructuralControl):
         if folder is None or not all((folder / name).is_file() for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS)):
             return {}  # nothing to digest: building the control refuses the folder, naming the fix
         return {"adapter_sha256": adapter_digest(folder)}
+
+    @classmethod
+    def references(cls, args: Mapping[str, Any]) -> dict[str, Reference]:
+        """The adapter folder `steer()` applies: its files and tensor shapes are checked before the model loads."""
+        adapter = args.get("adapter")
+        return {"adapter": Reference(str(adapter), "adapter")} if adapter and str(adapter).strip() else {}
 
     # ------------------------------------------------------------------ declarations
     def requirements(self) -> frozenset[Capability]:

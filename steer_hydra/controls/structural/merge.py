@@ -47,7 +47,7 @@ from steer_hydra.controls.structural.checkpoint import (
     read_config,
 )
 from steer_hydra.core.capabilities import Capability
-from steer_hydra.core.controls import BaseArgs, StructuralControl
+from steer_hydra.core.controls import BaseArgs, Reference, StructuralControl
 
 logger = logging.getLogger(__name__)
 
@@ -137,6 +137,19 @@ class ModelMerge(StructuralControl):
         self.built = False  # whether the last steer() built the merge (False: reused from the cache)
 
     # ------------------------------------------------------------------ identity
+    @classmethod
+    def references(cls, args: Mapping[str, Any]) -> dict[str, Reference]:
+        """The models `steer()` merges (`models[i].model`) and the `base_model`, resolved before the model loads."""
+        found = {
+            f"models[{i}].model": Reference(str(m["model"]))
+            for i, m in enumerate(args.get("models") or ())
+            if isinstance(m, Mapping) and str(m.get("model") or "").strip()
+        }
+        base = args.get("base_model")
+        if isinstance(base, str) and base.strip():
+            found["base_model"] = Reference(base)
+        return found
+
     @classmethod
     def content_digests(cls, args: Mapping[str, Any]) -> dict[str, str]:
         """The content digests of the folder inputs (`inputs_sha256`, by reference), so new weights in an input
