@@ -6,12 +6,20 @@ cancels every job still running or queued. This launcher connects, submits and p
 functions and only changes the collection: it waits for all of them, and a job whose worker died comes back as a failed
 `JobReturn` holding Ray's error, as a job that raised does on every launcher. The sweep then ends as any sweep with
 a failed job ends: the finished jobs aggregated, the missing ones in `missing_cells.json` with their commands.
+
+Connecting is bounded: before `ray.init`, the cluster's address is resolved as Ray resolves it (`address: auto`:
+`RAY_ADDRESS`, else the cluster `ray start` joined on this node) and its head must accept a TCP connection within
+`hydra.launcher.ray.init.connect_timeout` seconds (default 10; Ray itself retries an unreachable address for about 14
+minutes). No cluster to join, or one that does not answer, ends the sweep before any job in one line
+(`RayUnreachable`) naming `RAY_ADDRESS` (or the config key the address came from) and the fix.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import os
+import socket
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +27,63 @@ from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, setup_globals
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 logger = logging.getLogger(__name__)
+
+# seconds the cluster's head has to accept a connection (`hydra.launcher.ray.init.connect_timeout`, steer_hydra's key,
+# taken out of `init` before `ray.init`)
+CONNECT_TIMEOUT = 10.0
+TIMEOUT_KEY = "connect_timeout"
+ADDRESS_KEY = "hydra.launcher.ray.init.address"
+
+
+class RayUnreachable(SystemExit):
+    """No Ray cluster to join, or its head does not accept connections: one line, before any job is launched."""
+
+
+def _bootstrap_address() -> str | None:
+    """The address of the cluster `ray start` ran on this node (Ray's own bootstrap file), or None."""
+    try:
+        from ray._private.services import find_bootstrap_address
+
+        return find_bootstrap_address(None)
+    except Exception:  # noqa: BLE001 - another Ray layout: ray.init finds it (or says so) itself
+        return None
+
+
+def ray_address_problem(init: Mapping[str, object] | None, timeout: float = CONNECT_TIMEOUT) -> str | None:
+    """Why the sweep cannot connect to Ray with `init` (`hydra.launcher.ray.init`), found within `timeout` seconds
+    without asking Ray, or None (a private instance, `address: null`, needs no cluster)."""
+    address = (init or {}).get("address")
+    if address is None:
+        return None
+    address, source = str(address), ADDRESS_KEY
+    if address == "auto":
+        if os.environ.get("RAY_ADDRESS"):
+            address, source = os.environ["RAY_ADDRESS"], "RAY_ADDRESS"
+        else:
+            found = _bootstrap_address()
+            if not found:
+                return (
+                    f"{ADDRESS_KEY}=auto: no Ray cluster to join (RAY_ADDRESS is unset and no `ray start` ran on this "
+                    "node). Fix: start one (ray start --head --port=6379) and set RAY_ADDRESS=HOST:6379, or "
+                    f"{ADDRESS_KEY}=null for a private one-node Ray instance."
+                )
+            address, source = found, "the cluster `ray start` joined on this node"
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return f"{source}={address!r} is not HOST:PORT. Fix: RAY_ADDRESS=HOST:PORT of the cluster's head node."
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return None
+    except OSError as error:
+        return (
+            f"{source}={address}: nothing accepts connections there within {timeout:.0f}s "
+            f"({type(error).__name__}), so Ray would retry for minutes. Fix: start the cluster's head there (ray start "
+            f"--head --port={port}) or point RAY_ADDRESS at a running one; {ADDRESS_KEY}=null starts a private "
+            "one-node instance."
+        )
 
 
 class RayLauncher(Launcher):
@@ -47,7 +109,12 @@ class RayLauncher(Launcher):
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         logger.info("Ray launcher: %d job(s), sweep dir %s", len(job_overrides), sweep_dir)
-        start_ray(self.ray_cfg.init)
+        init = OmegaConf.to_container(self.ray_cfg.init, resolve=True) if self.ray_cfg.init is not None else {}
+        timeout = float(init.pop(TIMEOUT_KEY, None) or CONNECT_TIMEOUT)  # ours: ray.init would refuse it
+        problem = ray_address_problem(init, timeout) if not ray.is_initialized() else None
+        if problem is not None:
+            raise RayUnreachable(f"steer_hydra: Ray: {problem}")
+        start_ray(OmegaConf.create(init))
         runs: list[tuple[list[str], Any]] = []
         for num, overrides in enumerate(job_overrides, start=initial_job_idx):
             logger.info("\t#%d : %s", num, " ".join(filter_overrides(overrides)))

@@ -14,6 +14,7 @@ in the save_dirs.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import shlex
@@ -54,6 +55,30 @@ def job_records(sweep_dir: Path) -> list[JobRecord]:
     """The job records under `sweep_dir/*/`, one per (model, suite, seed, config_id): a re-run's newest wins."""
     records = {(r.model, r.suite, str(r.seed), r.config_id): r for r in all_job_records(sweep_dir)}
     return list(records.values())
+
+
+UNTOUCHED_SWEEP = frozenset({"multirun.yaml"})  # what a sweep folder holds when no job of it started
+
+
+def any_job_started(sweep_dir: Path) -> bool:
+    """Whether a job of the sweep started: a job folder (`<num>_*/`) with its config copies, log or record."""
+    return any(
+        folder.is_dir() and any((folder / name).exists() for name in (".hydra", "main.log", JOB_RECORD))
+        for folder in sweep_dir.glob("*_*")
+    )
+
+
+def remove_if_untouched(sweep_dir: Path) -> None:
+    """Remove a sweep folder that holds nothing but what Hydra wrote before launching (`multirun.yaml`)."""
+    try:
+        entries = list(sweep_dir.iterdir())
+    except OSError:
+        return
+    if entries and {entry.name for entry in entries} <= UNTOUCHED_SWEEP and all(e.is_file() for e in entries):
+        for entry in entries:
+            entry.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            sweep_dir.rmdir()
 
 
 def launched_jobs(sweep_dir: Path) -> list[list[str]] | None:
@@ -275,6 +300,9 @@ class SweepAggregator(Callback):
             return
         sweep_dir, config = self._pending
         self._pending = None
+        if not any_job_started(Path(sweep_dir)):  # refused before launching (a launcher, a sweeper): nothing to say
+            remove_if_untouched(Path(sweep_dir))
+            return
         logger.warning("Sweep %s ended with failed job(s): aggregating the jobs that finished.", sweep_dir)
         try:
             aggregate_sweep_dir(sweep_dir, config)

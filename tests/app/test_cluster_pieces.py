@@ -71,3 +71,43 @@ def test_progress_lines_come_only_from_the_process_that_counts_the_sweep(tmp_pat
         callback._progress.pid = os.getpid() + 1  # a copy of the callback pickled into a launcher's worker
         callback.on_job_end(config=None, job_return=None)
     assert "Sweep:" not in caplog.text and callback._progress.done == 1
+
+
+def test_a_ray_cluster_that_cannot_be_reached_is_named_in_one_line_within_the_bound(monkeypatch):
+    import socket
+    import time
+
+    from hydra_plugins.steer_hydra_ray import ray_launcher
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(ray_launcher, "_bootstrap_address", lambda: None)
+    assert ray_launcher.ray_address_problem({"address": None}) is None  # a private instance needs no cluster
+    nothing = ray_launcher.ray_address_problem({"address": "auto"})
+    assert "no Ray cluster to join (RAY_ADDRESS is unset" in nothing and "address=null" in nothing
+
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
+    started = time.monotonic()
+    refused = ray_launcher.ray_address_problem({"address": "auto"}, timeout=2.0)
+    assert refused.startswith("RAY_ADDRESS=127.0.0.1:1: nothing accepts connections there within 2s")
+    assert "ConnectionRefusedError" in refused and "Fix: start the cluster's head" in refused
+    assert time.monotonic() - started < 4.0
+    explicit = ray_launcher.ray_address_problem({"address": "ray://127.0.0.1:1"}, timeout=2.0)
+    assert explicit.startswith("hydra.launcher.ray.init.address=ray://127.0.0.1:1: nothing accepts")
+    with socket.socket() as head:  # something listening: Ray is left to connect
+        head.bind(("127.0.0.1", 0))
+        head.listen()
+        monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{head.getsockname()[1]}")
+        assert ray_launcher.ray_address_problem({"address": "auto"}) is None
+
+
+def test_a_sweep_refused_before_any_job_leaves_no_folder_and_no_aggregate(tmp_path, caplog):
+    from steer_hydra.app.callbacks import SweepAggregator
+
+    sweep = tmp_path / "multiruns" / "2026-01-01_00-00-00_000000"
+    sweep.mkdir(parents=True)
+    (sweep / "multirun.yaml").write_text("hydra: {}\n")
+    callback = SweepAggregator()
+    callback._pending = (str(sweep), OmegaConf.create({}))
+    with caplog.at_level(logging.INFO):
+        callback._after_failure()
+    assert not sweep.exists() and "left no results" not in caplog.text and "aggregating" not in caplog.text

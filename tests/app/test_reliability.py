@@ -300,3 +300,24 @@ def test_a_job_whose_samples_all_fail_shows_and_writes_no_secret(run_main, tmp_p
     assert code == 1 and "Error executing job with overrides" in err, err[-3000:]
     assert "+api_token=***" in err and "the server refused token ***" in err
     assert _leaks(tmp_path, [out, err]) == []
+
+
+@pytest.mark.slow
+def test_a_ray_sweep_whose_cluster_cannot_be_reached_ends_in_one_line_within_seconds(run_app, tmp_path):
+    pytest.importorskip("ray")
+    pytest.importorskip("hydra_plugins.hydra_ray_launcher")
+    started = time.monotonic()
+    done = run_app(
+        "--multirun",
+        *FAST,
+        "logger=none",
+        f"output_root={tmp_path / 'outputs'}",
+        "hydra/launcher=ray",
+        "hydra.launcher.ray.init.connect_timeout=3",
+        env={"RAY_ADDRESS": "127.0.0.1:1"},
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    lines = [line for line in done.stderr.splitlines() if line.startswith("steer_hydra: Ray:")]
+    assert len(lines) == 1 and "RAY_ADDRESS=127.0.0.1:1" in lines[0] and "Fix:" in lines[0]
+    assert time.monotonic() - started < 120  # Ray alone retries this address for about 14 minutes
+    assert not list((tmp_path / "outputs").rglob("multirun.yaml"))  # no sweep folder left behind
