@@ -27,7 +27,6 @@ from steer_hydra.controls.state.residual import (
     with_output_hidden,
 )
 from steer_hydra.controls.state.vectors import SteeringVector
-from steer_hydra.core.capabilities import Capability
 from steer_hydra.core.controls import BaseArgs, HookSet, ResidualAddition, StateControl
 from steer_hydra.core.layout import ModelLayout, resolve_layout
 
@@ -120,11 +119,6 @@ class DirectionalAblation(FitsVector, StateControl):
         self._vector: SteeringVector | None = None  # the unit direction projected out
         self._units: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
         self._fitted: SteeringVector | None = None  # the mean difference fitted at steer(), before `direction`
-
-    def requirements(self) -> frozenset[Capability]:
-        if self.direction_vector is None:  # fitted at steer() from hidden states
-            return frozenset({Capability.IN_PROCESS_TORCH, Capability.HIDDEN_CAPTURE})
-        return frozenset({Capability.IN_PROCESS_TORCH})
 
     @property
     def vector(self) -> SteeringVector | None:

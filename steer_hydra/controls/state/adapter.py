@@ -49,7 +49,6 @@ from steer_hydra.controls.state.edits import SITES, CompiledEdits
 from steer_hydra.controls.state.layer_vector import FitsVector, apply_direction, median_norm_of
 from steer_hydra.controls.state.residual import check_layer, normalized
 from steer_hydra.controls.state.vectors import SteeringVector
-from steer_hydra.core.capabilities import Capability
 from steer_hydra.core.controls import BaseArgs, ResidualAddition, StateControl
 from steer_hydra.core.layout import ModelLayout, resolve_layout
 
@@ -172,6 +171,7 @@ class ActivationAdapter(CompiledEdits, FitsVector, StateControl):
 
     supports_batching = True
     adds_residual = True  # fixed edits: see `residual_edits`
+    FIT_FROM = ("data", "condition_data")
     FIT_FIELDS: ClassVar[tuple[str, ...]] = (
         "data",
         "layer_id",
@@ -199,11 +199,6 @@ class ActivationAdapter(CompiledEdits, FitsVector, StateControl):
     def supports_refill(self) -> bool:  # type: ignore[override]
         """An ungated adapter's decode positions lie past the layout prompt; a gated one's gates would be lost."""
         return not self.gated
-
-    def requirements(self) -> frozenset[Capability]:
-        if self.data is not None or self.condition_data is not None:  # fitted at steer() from hidden states
-            return frozenset({Capability.IN_PROCESS_TORCH, Capability.HIDDEN_CAPTURE})
-        return frozenset({Capability.IN_PROCESS_TORCH})
 
     @property
     def vector(self) -> SteeringVector | None:

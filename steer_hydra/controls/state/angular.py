@@ -47,7 +47,6 @@ from steer_hydra.controls.state.layer_vector import FitsVector
 from steer_hydra.controls.state.probing import pair_means
 from steer_hydra.controls.state.residual import check_hidden_size, check_layer
 from steer_hydra.controls.state.vectors import SteeringVector
-from steer_hydra.core.capabilities import Capability
 from steer_hydra.core.controls import BaseArgs, ResidualAddition, StateControl
 from steer_hydra.core.layout import resolve_layout
 
@@ -169,11 +168,6 @@ class AngularSteering(CompiledEdits, FitsVector, StateControl):
         self._paths: dict[tuple, str] = {}
         self._hash: str | None = None
         self._fitted: SteeringVector | None = None
-
-    def requirements(self) -> frozenset[Capability]:
-        if self.data is not None:  # fitted at steer() from hidden states
-            return frozenset({Capability.IN_PROCESS_TORCH, Capability.HIDDEN_CAPTURE})
-        return frozenset({Capability.IN_PROCESS_TORCH})
 
     @property
     def basis(self) -> torch.Tensor | None:

@@ -47,7 +47,6 @@ from steer_hydra.controls.state.layer_vector import FitsVector
 from steer_hydra.controls.state.probing import best_threshold, prompt_means
 from steer_hydra.controls.state.residual import check_hidden_size
 from steer_hydra.controls.state.vectors import SteeringVector
-from steer_hydra.core.capabilities import Capability
 from steer_hydra.core.controls import BaseArgs, ResidualAddition, StateControl
 from steer_hydra.core.edits import condition_similarity
 from steer_hydra.core.layout import ModelLayout, resolve_layout
@@ -209,6 +208,7 @@ class CAST(CompiledEdits, FitsVector, StateControl):
     supports_batching = True
     supports_refill = False  # see the module docstring
     adds_residual = True  # a condition and a gated addition: see `residual_edits`
+    FIT_FROM = ("data", "condition_data")
     FIT_FIELDS = (
         "data",
         "layer_id",
@@ -227,11 +227,6 @@ class CAST(CompiledEdits, FitsVector, StateControl):
         self._edits: tuple[ResidualAddition, ...] | None = None
         self._paths: dict[tuple, str] = {}
         self._fitted: SteeringVector | None = None
-
-    def requirements(self) -> frozenset[Capability]:
-        if self.data is not None or self.condition_data is not None:  # fitted at steer() from hidden states
-            return frozenset({Capability.IN_PROCESS_TORCH, Capability.HIDDEN_CAPTURE})
-        return frozenset({Capability.IN_PROCESS_TORCH})
 
     @property
     def behaviour(self) -> CAA | None:

@@ -56,7 +56,6 @@ from steer_hydra.controls.state.probing import (
 )
 from steer_hydra.controls.state.residual import check_layer
 from steer_hydra.controls.state.vectors import SteeringVector
-from steer_hydra.core.capabilities import Capability
 from steer_hydra.core.controls import BaseArgs, ResidualAddition, StateControl
 from steer_hydra.core.layout import ModelLayout, resolve_layout
 
@@ -225,11 +224,6 @@ class ITI(CompiledEdits, FitsVector, StateControl):
         self._paths: dict[tuple, str] = {}
         self._hash: str | None = None
         self._fitted: SteeringVector | None = None
-
-    def requirements(self) -> frozenset[Capability]:
-        if self.data is not None:  # probes fitted at steer() from hidden states
-            return frozenset({Capability.IN_PROCESS_TORCH, Capability.HIDDEN_CAPTURE})
-        return frozenset({Capability.IN_PROCESS_TORCH})
 
     @property
     def probes(self) -> HeadProbes | None:

@@ -81,10 +81,17 @@ def median_norm_of(vector: SteeringVector, owner: str) -> float:
 class FitsVector:
     """What an engine backend's fit (`steer_hydra.backends.vllm.fit`) reads of a state control that fits a vector
     from hidden states: `fit_identity()` (what the fit depends on besides the model: the control and its
-    `FIT_FIELDS` arguments), `fitted_vector` (set at `steer()` in `_fitted`) and `load_vector` (a cached fit)."""
+    `FIT_FIELDS` arguments), `fitted_vector` (set at `steer()` in `_fitted`) and `load_vector` (a cached fit); and
+    what the control needs of a backend (`requirements`: hidden-state capture when a `FIT_FROM` argument is set)."""
 
     FIT_FIELDS: ClassVar[tuple[str, ...]] = ()  # the arguments a fitted vector depends on (`fit_identity`)
+    FIT_FROM: ClassVar[tuple[str, ...]] = ("data",)  # the arguments holding data fitted from at `steer()`
     _fitted: SteeringVector | None
+
+    def requirements(self) -> frozenset[Capability]:
+        if any(getattr(self, name) is not None for name in self.FIT_FROM):  # fitted at steer() from hidden states
+            return frozenset({Capability.IN_PROCESS_TORCH, Capability.HIDDEN_CAPTURE})
+        return frozenset({Capability.IN_PROCESS_TORCH})
 
     @property
     def fitted_vector(self) -> SteeringVector | None:
