@@ -9,8 +9,8 @@
 the time of the same steer from the cache (what every later job of a study pays).
 
 `optimize` runs each prompt optimizer on the first `--train` problems of the built-in arithmetic task (scored with
-the task's own `number_match` scorer through `sample_scorer_from_inspect`) and evaluates on the remaining problems
-(never shown to the optimizer): the unsteered model, the initial instruction as a system prompt, and the chosen
+the task's own `number_match` scorer through `sample_scorer_from_inspect`) and evaluates on the next `--held-out`
+problems (never shown to the optimizer): the unsteered model, the initial instruction as a system prompt, and the chosen
 instruction, greedy; deltas are paired by problem with a 95% percentile bootstrap interval (5000 resamples).
 """
 
@@ -72,15 +72,15 @@ def optimize(args: argparse.Namespace) -> None:
 
     samples = arithmetic_samples()
     rows = [{"input": s.input, "reference": s.target, "id": s.id} for s in samples]
-    train_rows, held_out = rows[: args.train], rows[args.train :]
+    train_rows, held_out = rows[: args.train], rows[args.train : args.train + args.held_out]
     scorer = sample_scorer_from_inspect(number_match())
     initial = "Answer the question."
     common = {
         "initial": initial,
         "data": train_rows,
         "scorer": scorer,
-        "max_new_tokens": 48,
-        "batch_size": 20,
+        "max_new_tokens": args.tokens,
+        "batch_size": 12,
         "cache_dir": args.cache,
         "seed": 0,
     }
@@ -88,7 +88,7 @@ def optimize(args: argparse.Namespace) -> None:
         "cpo": lambda: CPO(
             **common,
             candidates=["Give only the final number.", "Compute step by step, then state the number."],
-            num_rewrites=2,
+            num_rewrites=args.rewrites,
             assignments=2,
         ),
         "prewrite": lambda: PRewrite(**common, rl_steps=args.rl_steps, num_rewrites=4),
@@ -99,8 +99,8 @@ def optimize(args: argparse.Namespace) -> None:
         pipeline = _pipeline(args.model, controls)
         chats = [[{"role": "user", "content": r["input"]}] for r in held_out]
         out = []
-        for i in range(0, len(chats), 8):
-            out += pipeline.generate(messages=chats[i : i + 8], max_new_tokens=48, do_sample=False)
+        for i in range(0, len(chats), 12):
+            out += pipeline.generate(messages=chats[i : i + 12], max_new_tokens=args.tokens, do_sample=False)
         pipeline.release()
         return np.array([scorer(text, row) for text, row in zip(out, held_out, strict=True)])
 
@@ -137,7 +137,10 @@ def main() -> None:
     parser.add_argument("--model", default="steer_hydra:smollm2")
     parser.add_argument("--concepts", nargs="+", default=["weddings", "joy", "french"])
     parser.add_argument("--optimizers", nargs="+", default=["cpo", "prewrite", "gepa"])
-    parser.add_argument("--train", type=int, default=20, help="training problems (the rest are held out)")
+    parser.add_argument("--train", type=int, default=20, help="training problems (the first ones)")
+    parser.add_argument("--held-out", type=int, default=40, help="held-out problems (the ones after the training ones)")
+    parser.add_argument("--tokens", type=int, default=48, help="new tokens per answer (rollouts and evaluation)")
+    parser.add_argument("--rewrites", type=int, default=2, help="CPO's proposals from the model beside its pool")
     parser.add_argument("--rl-steps", type=int, default=4)
     parser.add_argument("--gepa-calls", type=int, default=60)
     parser.add_argument("--cache", default=None, help="artifact cache (default: a fresh temporary folder)")
