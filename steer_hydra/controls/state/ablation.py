@@ -13,8 +13,8 @@ import torch
 from steer_hydra.controls.state.caa import (
     DEFAULT_DEPTH,
     fitted_mean_difference,
-    validate_pairs,
     validate_token_scope,
+    validate_vector_source,
 )
 from steer_hydra.controls.state.layer_vector import FitsVector, apply_direction
 from steer_hydra.controls.state.residual import (
@@ -80,18 +80,10 @@ class DirectionalAblation(FitsVector, StateControl):
 
         def validate(self) -> None:
             name = "DirectionalAblation"
-            if (self.direction_vector is None) == (self.data is None):
-                raise ValueError(
-                    f"{name} needs exactly one of direction_vector= (a vector or a saved file) and data= (contrastive "
-                    f"pairs to fit one); got {'both' if self.data is not None else 'neither'}."
-                )
-            if self.data is not None:
-                validate_pairs(self.data, f"{name}.data")
-            elif self.layer_id is not None:
-                raise ValueError(
-                    f"{name}.layer_id={self.layer_id} is the layer a direction is fitted at; a given direction_vector "
-                    "is not fitted. Fix: drop layer_id (the ablated layers are `layers`)."
-                )
+            validate_vector_source(
+                name, "direction_vector", self.direction_vector, self.data, what="a vector",
+                layer_id=self.layer_id, acted="ablated",
+            )  # fmt: skip
             if self.layer_id is not None and self.layer_id < 0:
                 raise ValueError(f"{name}.layer_id must be >= 0 (a decoder layer index); got {self.layer_id}.")
             if self.layers is not None:

@@ -43,7 +43,13 @@ from typing import Any, ClassVar, Literal
 import torch
 
 from steer_hydra.controls.state.angular import one_direction, plane_basis
-from steer_hydra.controls.state.caa import DEFAULT_DEPTH, fitted_mean_difference, validate_pairs, validate_token_scope
+from steer_hydra.controls.state.caa import (
+    DEFAULT_DEPTH,
+    fitted_mean_difference,
+    validate_layers,
+    validate_token_scope,
+    validate_vector_source,
+)
 from steer_hydra.controls.state.cast import Condition, fit_condition, validate_condition_args
 from steer_hydra.controls.state.edits import SITES, CompiledEdits
 from steer_hydra.controls.state.layer_vector import FitsVector, apply_direction, median_norm_of
@@ -110,18 +116,9 @@ class ActivationAdapter(CompiledEdits, FitsVector, StateControl):
 
         def validate(self) -> None:
             name = "ActivationAdapter"
-            if (self.vector is None) == (self.data is None):
-                raise ValueError(
-                    f"{name} needs exactly one of vector= (a direction or a saved file) and data= (contrastive pairs "
-                    f"to fit one); got {'both' if self.data is not None else 'neither'}."
-                )
-            if self.data is not None:
-                validate_pairs(self.data, f"{name}.data")
-            elif self.layer_id is not None:
-                raise ValueError(
-                    f"{name}.layer_id={self.layer_id} is the layer a direction is fitted at; a given vector is not "
-                    "fitted. Fix: drop layer_id (the edited layers are `layers`)."
-                )
+            validate_vector_source(
+                name, "vector", self.vector, self.data, what="a direction", layer_id=self.layer_id, acted="edited"
+            )
             if self.layer_id is not None and self.layer_id < 0:
                 raise ValueError(f"{name}.layer_id must be >= 0 (a decoder layer index); got {self.layer_id}.")
             for field_name, value in (("multiplier", self.multiplier), ("angle", self.angle)):
@@ -142,13 +139,7 @@ class ActivationAdapter(CompiledEdits, FitsVector, StateControl):
                     f"{name}: angle and reference_vector belong to transform='rotate'; got transform="
                     f"{self.transform!r}. Fix: drop them or set transform='rotate'."
                 )
-            if self.layers is not None and (
-                not self.layers or min(self.layers) < 0 or len(set(self.layers)) != len(self.layers)
-            ):
-                raise ValueError(
-                    f"{name}.layers must list distinct decoder layer indices >= 0, or be null for the default; "
-                    f"got {list(self.layers)}."
-                )
+            validate_layers(name, self.layers, "the default")
             if not self.sites or len(set(self.sites)) != len(self.sites) or not set(self.sites) <= set(SITES):
                 raise ValueError(f"{name}.sites must list distinct sites among {SITES}; got {list(self.sites)}.")
             validate_token_scope(name, self.token_scope, self.last_k)

@@ -41,7 +41,7 @@ from typing import Any, Literal
 
 import torch
 
-from steer_hydra.controls.state.caa import DEFAULT_DEPTH, validate_pairs, validate_token_scope
+from steer_hydra.controls.state.caa import DEFAULT_DEPTH, validate_layers, validate_token_scope, validate_vector_source
 from steer_hydra.controls.state.edits import CompiledEdits
 from steer_hydra.controls.state.layer_vector import FitsVector
 from steer_hydra.controls.state.probing import pair_means
@@ -116,24 +116,15 @@ class AngularSteering(CompiledEdits, FitsVector, StateControl):
 
         def validate(self) -> None:
             name = "AngularSteering"
-            if (self.steering_vector is None) == (self.data is None):
+            validate_vector_source(
+                name, "steering_vector", self.steering_vector, self.data, what="a direction",
+                layer_id=self.layer_id, acted="rotated",
+            )  # fmt: skip
+            if self.data is None and self.reference == "mean":
                 raise ValueError(
-                    f"{name} needs exactly one of steering_vector= (a direction or a saved file) and data= "
-                    f"(contrastive pairs to fit one); got {'both' if self.data is not None else 'neither'}."
+                    f"{name}.reference='mean' is the mean activation read while fitting from data=; a given "
+                    "steering_vector is not fitted. Fix: reference='random' or a reference_vector."
                 )
-            if self.data is not None:
-                validate_pairs(self.data, f"{name}.data")
-            else:
-                if self.layer_id is not None:
-                    raise ValueError(
-                        f"{name}.layer_id={self.layer_id} is the layer a direction is fitted at; a given "
-                        "steering_vector is not fitted. Fix: drop layer_id (the rotated layers are `layers`)."
-                    )
-                if self.reference == "mean":
-                    raise ValueError(
-                        f"{name}.reference='mean' is the mean activation read while fitting from data=; a given "
-                        "steering_vector is not fitted. Fix: reference='random' or a reference_vector."
-                    )
             if self.reference_vector is not None and self.reference != "auto":
                 raise ValueError(
                     f"{name} takes reference_vector= or reference={self.reference!r}, not both. Fix: drop one."
@@ -142,13 +133,7 @@ class AngularSteering(CompiledEdits, FitsVector, StateControl):
                 raise ValueError(f"{name}.angle must be finite (degrees); got {self.angle!r}.")
             if self.layer_id is not None and self.layer_id < 0:
                 raise ValueError(f"{name}.layer_id must be >= 0 (a decoder layer index); got {self.layer_id}.")
-            if self.layers is not None and (
-                not self.layers or min(self.layers) < 0 or len(set(self.layers)) != len(self.layers)
-            ):
-                raise ValueError(
-                    f"{name}.layers must list distinct decoder layer indices >= 0, or be null for the fit layer; "
-                    f"got {list(self.layers)}."
-                )
+            validate_layers(name, self.layers, "the fit layer")
             validate_token_scope(name, self.token_scope, self.last_k)
             if self.reference_seed < 0 or self.batch_size < 1:
                 raise ValueError(

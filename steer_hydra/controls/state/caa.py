@@ -83,13 +83,7 @@ class CAA(LayerVectorControl):
 
         def validate(self) -> None:
             super().validate()
-            if (self.steering_vector is None) == (self.data is None):
-                raise ValueError(
-                    "CAA needs exactly one of steering_vector= (a vector or a saved file) and data= (contrastive "
-                    f"pairs to fit one); got {'both' if self.data is not None else 'neither'}."
-                )
-            if self.data is not None:
-                validate_pairs(self.data, "CAA.data")
+            validate_vector_source("CAA", "steering_vector", self.steering_vector, self.data, what="a vector")
             if self.layer_id is not None and self.layer_id < 0:
                 raise ValueError(f"CAA.layer_id must be >= 0 (a decoder layer index); got {self.layer_id}.")
             if not math.isfinite(self.multiplier):
@@ -184,6 +178,42 @@ def validate_token_scope(owner: str, token_scope: str, last_k: int | None) -> No
         raise ValueError(
             f"{owner}.last_k={last_k} is only used with token_scope='last_k'; got token_scope={token_scope!r}. "
             "Fix: drop last_k or set token_scope='last_k'."
+        )
+
+
+def validate_vector_source(
+    owner: str,
+    field: str,
+    vector: Any,
+    data: Sequence[Mapping[str, Any]] | None,
+    *,
+    what: str,
+    layer_id: int | None = None,
+    acted: str | None = None,
+) -> None:
+    """Exactly one of a given vector (`field`: `what` it is) and contrastive pairs to fit one (`data`, well formed).
+    With `acted` (what the control does to its `layers`), a given vector's `layer_id` is refused: that is the layer
+    a fit reads, and a given vector is not fitted."""
+    if (vector is None) == (data is None):
+        raise ValueError(
+            f"{owner} needs exactly one of {field}= ({what} or a saved file) and data= (contrastive pairs to fit one); "
+            f"got {'both' if data is not None else 'neither'}."
+        )
+    if data is not None:
+        validate_pairs(data, f"{owner}.data")
+    elif acted is not None and layer_id is not None:
+        raise ValueError(
+            f"{owner}.layer_id={layer_id} is the layer a direction is fitted at; a given {field} is not fitted. "
+            f"Fix: drop layer_id (the {acted} layers are `layers`)."
+        )
+
+
+def validate_layers(owner: str, layers: Sequence[int] | None, default: str) -> None:
+    """`layers` lists distinct decoder layer indices >= 0, or is None (`default`: what None stands for)."""
+    if layers is not None and (not layers or min(layers) < 0 or len(set(layers)) != len(layers)):
+        raise ValueError(
+            f"{owner}.layers must list distinct decoder layer indices >= 0, or be null for {default}; "
+            f"got {list(layers)}."
         )
 
 

@@ -43,7 +43,7 @@ from typing import Any, Literal
 
 import torch
 
-from steer_hydra.controls.state.caa import validate_pairs
+from steer_hydra.controls.state.caa import validate_layers, validate_pairs
 from steer_hydra.controls.state.edits import CompiledEdits, heads_path
 from steer_hydra.controls.state.layer_vector import FitsVector
 from steer_hydra.controls.state.probing import (
@@ -186,13 +186,7 @@ class ITI(CompiledEdits, FitsVector, StateControl):
                 raise ValueError(f"{name}.alpha must be finite; got {self.alpha!r}.")
             if self.last_k < 1:
                 raise ValueError(f"{name}.last_k must be >= 1; got {self.last_k}.")
-            if self.layers is not None and (
-                not self.layers or min(self.layers) < 0 or len(set(self.layers)) != len(self.layers)
-            ):
-                raise ValueError(
-                    f"{name}.layers must list distinct decoder layer indices >= 0, or be null for every layer; "
-                    f"got {list(self.layers)}."
-                )
+            validate_layers(name, self.layers, "every layer")
             if not 0 < self.validation_fraction < 1:
                 raise ValueError(f"{name}.validation_fraction must be in (0, 1); got {self.validation_fraction}.")
             if self.probe_seed < 0 or self.probe_l2 < 0 or self.probe_steps < 1 or self.batch_size < 1:
