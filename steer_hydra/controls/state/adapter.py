@@ -50,7 +50,7 @@ from steer_hydra.controls.state.caa import (
     validate_token_scope,
     validate_vector_source,
 )
-from steer_hydra.controls.state.cast import Condition, fit_condition, validate_condition_args
+from steer_hydra.controls.state.cast import Condition, fitted_condition, validate_condition_args
 from steer_hydra.controls.state.edits import SITES, CompiledEdits
 from steer_hydra.controls.state.layer_vector import FitsVector, apply_direction, median_norm_of
 from steer_hydra.controls.state.residual import check_layer, normalized
@@ -268,16 +268,10 @@ class ActivationAdapter(CompiledEdits, FitsVector, StateControl):
         if self.condition_vector is not None:
             vector = one_direction(self.condition_vector, f"{name}.condition_vector").tensor.float()
             threshold, comparison, accuracy = self.threshold, self.comparison or ">", None
-        elif "condition" in fitted:
-            vector, threshold, comparison, accuracy = fitted["condition"]
         else:
-            if tokenizer is None:
-                raise ValueError(f"{name} needs a tokenizer to fit its condition; pass one to steer().")
-            vector, threshold, comparison, accuracy = fit_condition(
-                model, tokenizer, layout, layer, self.condition_data, threshold=self.threshold,
-                comparison=self.comparison, open_for=self.condition_open_for, prompt_format=self.prompt_format,
-                batch_size=self.batch_size,
-            )  # fmt: skip
+            vector, threshold, comparison, accuracy = fitted_condition(
+                name, self.args, model, tokenizer, layout, layer, fitted
+            )
         if vector.shape[-1] != layout.hidden_size or float(vector.norm()) == 0:
             raise ValueError(
                 f"{name}.condition_vector must be a non-zero [{layout.hidden_size}] direction; got shape "

@@ -151,6 +151,36 @@ def fit_condition(
     return vector, float(threshold), str(comparison), accuracy
 
 
+def fitted_condition(
+    owner: str,
+    args: Any,
+    model: torch.nn.Module,
+    tokenizer: Any,
+    layout: ModelLayout,
+    layer: int,
+    packed: Mapping[str, Any],
+) -> tuple[torch.Tensor, float, str, float | None]:
+    """`(condition vector, threshold, comparison, accuracy)` from `args.condition_data` (the condition arguments of
+    CAST and ActivationAdapter): as fitted elsewhere on the same checkpoint (`packed["condition"]`: an engine
+    backend's fit), else fitted here at `layer`."""
+    if "condition" in packed:
+        return packed["condition"]
+    if tokenizer is None:
+        raise ValueError(f"{owner} needs a tokenizer to fit its condition; pass one to steer().")
+    return fit_condition(
+        model,
+        tokenizer,
+        layout,
+        layer,
+        args.condition_data,
+        threshold=args.threshold,
+        comparison=args.comparison,
+        open_for=args.condition_open_for,
+        prompt_format=args.prompt_format,
+        batch_size=args.batch_size,
+    )
+
+
 class CAST(CompiledEdits, FitsVector, StateControl):
     """Conditional activation steering (arXiv 2409.05907): CAA's addition for the rows whose prompt meets a condition.
 
@@ -279,22 +309,9 @@ class CAST(CompiledEdits, FitsVector, StateControl):
             if given.dim() != 1:
                 raise ValueError(f"{name}.condition_vector must be one direction [hidden]; got {tuple(given.shape)}.")
             vector, threshold, comparison, accuracy = given.float(), self.threshold, self.comparison or ">", None
-        elif "condition" in packed:
-            vector, threshold, comparison, accuracy = packed["condition"]
         else:
-            if tokenizer is None:
-                raise ValueError(f"{name} needs a tokenizer to fit its condition; pass one to steer().")
-            vector, threshold, comparison, accuracy = fit_condition(
-                model,
-                tokenizer,
-                layout,
-                layer,
-                self.condition_data,
-                threshold=self.threshold,
-                comparison=self.comparison,
-                open_for=self.condition_open_for,
-                prompt_format=self.prompt_format,
-                batch_size=self.batch_size,
+            vector, threshold, comparison, accuracy = fitted_condition(
+                name, self.args, model, tokenizer, layout, layer, packed
             )
         check_hidden_size(vector, layout.hidden_size, f"{name}.condition_vector")
         norm = float(vector.norm())
