@@ -129,6 +129,7 @@ class ModelMerge(StructuralControl):
 
     supports_batching = True
     supports_refill = True
+    restores_base = True  # edits the given model in place and restores it bit for bit: runs on a shared base
 
     def _configure(self) -> None:
         self._swap = WeightSwap()

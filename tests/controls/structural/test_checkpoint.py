@@ -115,3 +115,21 @@ def test_vllm_is_refused_naming_the_model_option(other):
         pipeline.steer()
     with pytest.raises(ValueError, match="checkpoint"):
         LoadCheckpoint(checkpoint=" ")
+
+
+def test_a_shared_base_is_used_and_left_unchanged(other):
+    from steer_hydra.core.sweeps import PipelineFactory
+
+    factory = PipelineFactory("steer_hydra:tiny")
+    control = LoadCheckpoint(checkpoint=str(other))
+    assert factory.uses_shared_base([control])
+    with factory.steered([]) as pipeline:
+        base = pipeline.model
+        plain = _greedy(pipeline)
+    fingerprint = factory.shared_base_fingerprint
+    with factory.steered([control]) as pipeline:
+        assert pipeline.model is base and _greedy(pipeline) != plain
+    with factory.steered([]) as pipeline:  # the tripwire kept the base: it came back bit for bit
+        assert pipeline.model is base and _greedy(pipeline) == plain
+    assert factory.shared_base_fingerprint == fingerprint
+    factory.release()
