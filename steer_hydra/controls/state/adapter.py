@@ -50,7 +50,13 @@ from steer_hydra.controls.state.caa import (
     validate_token_scope,
     validate_vector_source,
 )
-from steer_hydra.controls.state.cast import Condition, fitted_condition, validate_condition_args
+from steer_hydra.controls.state.cast import (
+    Condition,
+    fitted_condition,
+    pack_gated_fit,
+    unpack_gated_fit,
+    validate_condition_args,
+)
 from steer_hydra.controls.state.edits import SITES, CompiledEdits
 from steer_hydra.controls.state.layer_vector import FitsVector, apply_direction, median_norm_of
 from steer_hydra.controls.state.residual import check_layer, normalized
@@ -62,6 +68,7 @@ logger = logging.getLogger(__name__)
 
 Site = Literal["input", "attention", "heads", "output"]
 _FORMAT = "steer_hydra.adapter_fit/1"
+_NOT_AN_ADAPTERS = "ActivationAdapter: this fitted vector is not an adapter's"
 _LAYER_FIELDS = "layer_id/layers/condition_layer"  # what an out-of-range layer is fixed with
 
 
@@ -216,15 +223,20 @@ class ActivationAdapter(CompiledEdits, FitsVector, StateControl):
             raise RuntimeError(f"{name} needs the model in this process. Fix: use backend=huggingface or vllm.")
         layout = resolve_layout(model)
         tokenizer = tokenizer if tokenizer is not None else self.tokenizer
-        fitted = _unpack(kwargs["fitted_vector"]) if kwargs.get("fitted_vector") is not None else {}
+        fitted = (
+            unpack_gated_fit(kwargs["fitted_vector"], format_name=_FORMAT, role="direction", refusal=_NOT_AN_ADAPTERS)
+            if kwargs.get("fitted_vector") is not None
+            else {}
+        )
         vector = self._direction(model, tokenizer, layout, fitted)
         used = apply_direction(vector, self.direction, self.direction_seed)
         layers = self._layers(layout, used)
         condition, condition_raw = self._gate(model, tokenizer, layout, layers, fitted)
         if self.data is not None or self.condition_data is not None:
-            self._fitted = _pack(
-                vector if self.data is not None else None, condition_raw, condition, layout.hidden_size
-            )
+            self._fitted = pack_gated_fit(
+                vector if self.data is not None else None, condition_raw, condition, layout.hidden_size,
+                format_name=_FORMAT, role="direction", layer=None,
+            )  # fmt: skip
         self._vector, self._condition = used, condition
         self._bind_edits(model, layout, self._compile(layout, used, layers, condition))
         logger.info("%s: %s at layers %s, sites %s%s", name, self.transform, list(layers), list(self.sites),
@@ -331,41 +343,3 @@ class ActivationAdapter(CompiledEdits, FitsVector, StateControl):
                 )  # fmt: skip
                 edits.append(dataclasses.replace(edit, gate=condition.gate) if condition is not None else edit)
         return tuple(edits)
-
-
-def _pack(
-    direction: SteeringVector | None, condition: torch.Tensor | None, rule: Condition | None, hidden: int
-) -> SteeringVector:
-    """What an adapter fitted, as one vector an engine backend caches: the direction and the condition (zeros when
-    given)."""
-    rows = torch.stack(
-        [
-            direction.tensor.float().reshape(-1) if direction is not None else torch.zeros(hidden),
-            condition.float() if condition is not None else torch.zeros(hidden),
-        ]
-    )
-    metadata = {
-        "format": _FORMAT,
-        "direction_layer": direction.layer if direction is not None else None,
-        "direction_metadata": dict(direction.metadata) if direction is not None else {},
-        "has_direction": direction is not None,
-        "has_condition": condition is not None,
-        "threshold": rule.threshold if rule is not None else None,
-        "comparison": rule.comparison if rule is not None else None,
-        "accuracy": rule.accuracy if rule is not None else None,
-    }
-    return SteeringVector(rows, None, metadata)
-
-
-def _unpack(vector: SteeringVector) -> dict[str, Any]:
-    meta = vector.metadata
-    if meta.get("format") != _FORMAT:
-        raise ValueError(f"ActivationAdapter: this fitted vector is not an adapter's (format {meta.get('format')!r}).")
-    out: dict[str, Any] = {}
-    if meta.get("has_direction"):
-        out["direction"] = SteeringVector(
-            vector.tensor[0].float(), meta.get("direction_layer"), meta.get("direction_metadata") or {}
-        )
-    if meta.get("has_condition"):
-        out["condition"] = (vector.tensor[1].float(), meta["threshold"], meta["comparison"], meta.get("accuracy"))
-    return out

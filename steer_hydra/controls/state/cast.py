@@ -282,7 +282,11 @@ class CAST(CompiledEdits, FitsVector, StateControl):
         layout = resolve_layout(model)
         tokenizer = tokenizer if tokenizer is not None else self.tokenizer
         fitted = kwargs.get("fitted_vector")  # fitted elsewhere on the same checkpoint (an engine backend)
-        packed = _unpack(fitted) if fitted is not None else {}
+        packed: dict[str, Any] = {}
+        if fitted is not None:
+            packed = unpack_gated_fit(
+                fitted, format_name=_FORMAT, role="behaviour", refusal="CAST: this fitted vector is not CAST's"
+            )
         behaviour = CAA(
             steering_vector=self.steering_vector,
             data=self.data,
@@ -319,8 +323,14 @@ class CAST(CompiledEdits, FitsVector, StateControl):
             raise ValueError(f"{name}.condition_vector has zero norm, so it names no condition. Fix: a non-zero one.")
         condition = Condition(vector.float() / norm, layer, float(threshold), comparison, accuracy)
         if self.data is not None or self.condition_data is not None:
-            self._fitted = _pack(
-                behaviour.fitted_vector, vector if self.condition_data is not None else None, condition
+            self._fitted = pack_gated_fit(
+                behaviour.fitted_vector,
+                vector if self.condition_data is not None else None,
+                condition,
+                condition.unit.shape[-1],
+                format_name=_FORMAT,
+                role="behaviour",
+                layer=condition.layer,
             )
         self._behaviour, self._condition = behaviour, condition
         self._bind_edits(model, layout, self._build_edits())
@@ -350,37 +360,48 @@ class CAST(CompiledEdits, FitsVector, StateControl):
 _FORMAT = "steer_hydra.cast_fit/1"
 
 
-def _pack(behaviour: SteeringVector | None, condition: torch.Tensor | None, rule: Condition) -> SteeringVector:
-    """What CAST fitted, as one vector an engine backend caches: rows behaviour and condition (zeros when given)."""
-    hidden = rule.unit.shape[-1]
+def pack_gated_fit(
+    steering: SteeringVector | None,
+    condition: torch.Tensor | None,
+    rule: Condition | None,
+    hidden: int,
+    *,
+    format_name: str,
+    role: str,
+    layer: int | None,
+) -> SteeringVector:
+    """What a gated control fitted (CAST, ActivationAdapter), as one vector an engine backend caches: rows the
+    steering vector (metadata keys named by its `role`) and the condition, zeros for what was given, with the
+    condition's rule."""
     rows = torch.stack(
         [
-            behaviour.tensor.float().reshape(-1) if behaviour is not None else torch.zeros(hidden),
+            steering.tensor.float().reshape(-1) if steering is not None else torch.zeros(hidden),
             condition.float() if condition is not None else torch.zeros(hidden),
         ]
     )
     metadata = {
-        "format": _FORMAT,
-        "has_behaviour": behaviour is not None,
+        "format": format_name,
+        f"has_{role}": steering is not None,
         "has_condition": condition is not None,
-        "threshold": rule.threshold,
-        "comparison": rule.comparison,
-        "accuracy": rule.accuracy,
-        "behaviour_layer": behaviour.layer if behaviour is not None else None,
-        "behaviour_metadata": dict(behaviour.metadata) if behaviour is not None else {},
+        "threshold": rule.threshold if rule is not None else None,
+        "comparison": rule.comparison if rule is not None else None,
+        "accuracy": rule.accuracy if rule is not None else None,
+        f"{role}_layer": steering.layer if steering is not None else None,
+        f"{role}_metadata": dict(steering.metadata) if steering is not None else {},
     }
-    return SteeringVector(rows, rule.layer, metadata)
+    return SteeringVector(rows, layer, metadata)
 
 
-def _unpack(vector: SteeringVector) -> dict[str, Any]:
-    """`{"behaviour": SteeringVector, "condition": (vector, threshold, comparison, accuracy)}` of a `_pack`."""
+def unpack_gated_fit(vector: SteeringVector, *, format_name: str, role: str, refusal: str) -> dict[str, Any]:
+    """`{role: SteeringVector, "condition": (vector, threshold, comparison, accuracy)}` of a `pack_gated_fit` (each
+    when fitted); `refusal` opens the error for a vector of another format."""
     meta = vector.metadata
-    if meta.get("format") != _FORMAT:
-        raise ValueError(f"CAST: this fitted vector is not CAST's (format {meta.get('format')!r}).")
+    if meta.get("format") != format_name:
+        raise ValueError(f"{refusal} (format {meta.get('format')!r}).")
     out: dict[str, Any] = {}
-    if meta.get("has_behaviour"):
-        out["behaviour"] = SteeringVector(
-            vector.tensor[0].float(), meta.get("behaviour_layer"), meta.get("behaviour_metadata") or {}
+    if meta.get(f"has_{role}"):
+        out[role] = SteeringVector(
+            vector.tensor[0].float(), meta.get(f"{role}_layer"), meta.get(f"{role}_metadata") or {}
         )
     if meta.get("has_condition"):
         out["condition"] = (vector.tensor[1].float(), meta["threshold"], meta["comparison"], meta.get("accuracy"))
