@@ -44,6 +44,7 @@ import torch
 
 from steer_hydra.controls.state.angular import one_direction, plane_basis
 from steer_hydra.controls.state.caa import (
+    CAA,
     DEFAULT_DEPTH,
     fitted_mean_difference,
     validate_layers,
@@ -51,6 +52,7 @@ from steer_hydra.controls.state.caa import (
     validate_vector_source,
 )
 from steer_hydra.controls.state.cast import (
+    CONDITION_FIT_FIELDS,
     Condition,
     fitted_condition,
     pack_gated_fit,
@@ -170,17 +172,7 @@ class ActivationAdapter(CompiledEdits, FitsVector, StateControl):
     supports_batching = True
     adds_residual = True  # fixed edits: see `residual_edits`
     FIT_FROM = ("data", "condition_data")
-    FIT_FIELDS: ClassVar[tuple[str, ...]] = (
-        "data",
-        "layer_id",
-        "prompt_format",
-        "accumulate",
-        "condition_data",
-        "condition_layer",
-        "threshold",
-        "comparison",
-        "condition_open_for",
-    )
+    FIT_FIELDS: ClassVar[tuple[str, ...]] = (*CAA.FIT_FIELDS, *CONDITION_FIT_FIELDS)  # CAA's fit, CAST's gate
 
     def _configure(self) -> None:
         self._edits: tuple[ResidualAddition, ...] | None = None

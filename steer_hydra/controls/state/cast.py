@@ -54,6 +54,8 @@ from steer_hydra.core.layout import ModelLayout, resolve_layout
 logger = logging.getLogger(__name__)
 
 Comparison = Literal[">", "<"]
+# what a condition fitted from condition_data depends on (besides the model): the fit identity of a gated control
+CONDITION_FIT_FIELDS = ("condition_data", "condition_layer", "threshold", "comparison", "condition_open_for")
 
 
 @dataclass(frozen=True)
@@ -239,17 +241,7 @@ class CAST(CompiledEdits, FitsVector, StateControl):
     supports_refill = False  # see the module docstring
     adds_residual = True  # a condition and a gated addition: see `residual_edits`
     FIT_FROM = ("data", "condition_data")
-    FIT_FIELDS = (
-        "data",
-        "layer_id",
-        "prompt_format",
-        "accumulate",
-        "condition_data",
-        "condition_layer",
-        "threshold",
-        "comparison",
-        "condition_open_for",
-    )
+    FIT_FIELDS = (*CAA.FIT_FIELDS, *CONDITION_FIT_FIELDS)
 
     def _configure(self) -> None:
         self._behaviour: CAA | None = None
