@@ -11,6 +11,8 @@ from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import CompactHydraException
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from steer_hydra.app.redaction import redacted_console
@@ -33,7 +35,16 @@ def app(cfg: DictConfig) -> float:
         preflight_references(cfg)  # the second models and files the arm's controls name, before the model loads
         return run_job(cfg, HydraConfig.get().runtime.output_dir)
     except (ConfigError, UnsupportedConfigurationError) as error:  # say what and how to fix it, in one line
-        sys.exit(f"steer_hydra: invalid configuration: {' '.join(str(error).split())}")
+        message = f"steer_hydra: invalid configuration: {' '.join(str(error).split())}"
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            # an exception the launcher records as this job's failure: the sweep's other jobs still run, and the
+            # sweep ends with this line (a SystemExit would end the launcher, and with it every later job)
+            raise JobRefused(message) from None
+        sys.exit(message)
+
+
+class JobRefused(CompactHydraException):
+    """A job of a sweep refused in one line (`steer_hydra: invalid configuration: ...`); Hydra prints the line alone."""
 
 
 INTERRUPTED_EXIT = 130  # 128 + SIGINT, what a shell reports for a program stopped by Ctrl-C

@@ -57,6 +57,69 @@ def job_records(sweep_dir: Path) -> list[JobRecord]:
     return list(records.values())
 
 
+# Swept keys that never change a suite's protocol within one save_dir: the configuration (arm, its controls and the
+# strength or concept they read), or the save_dir itself (model, seed, experiment name, output root); display keys.
+SAFE_SWEEP_KEYS = frozenset(
+    {"arm", "seed", "model", "experiment_name", "save_dir", "output_root", "strength", "concept", "tags", "progress"}
+    | {"display", "logger", "residency", "baseline_arm"}
+)
+SAFE_SWEEP_PREFIXES = ("arm.", "logger.", "hydra.", "+arm.", "~arm.")
+
+
+class SweepRefused(SystemExit):
+    """A sweep refused before it launches anything, in one line (a SystemExit: Hydra turns a callback's exception
+    into a warning and goes on)."""
+
+
+def _swept_keys(jobs: Sequence[Sequence[str]]) -> list[str]:
+    """The keys whose value differs between the jobs of a sweep."""
+    values: dict[str, set[str]] = {}
+    for job in jobs:
+        for line in job:
+            key, _, value = line.partition("=")
+            values.setdefault(key.lstrip("+~"), set()).add(value)
+    return sorted(key for key, seen in values.items() if len(seen) > 1)
+
+
+def sweep_protocol_problem(config: DictConfig) -> str | None:
+    """Why a sweep of Hydra's basic sweeper would evaluate one suite into one save_dir under two protocols (its second
+    job would be refused, every job after it too, and their re-run commands again), or None. Composes and plans each
+    job only when the sweep varies a key that may change the protocol (`SAFE_SWEEP_KEYS` never does)."""
+    sweeper = str(OmegaConf.select(config, "hydra.sweeper._target_") or "")
+    if not sweeper.endswith("BasicSweeper"):
+        return None  # the study sweeper plans its own jobs (and refuses other sweeps)
+    try:
+        jobs = expected_jobs(config)
+    except Exception:  # noqa: BLE001 - a sweep this cannot split is left to Hydra
+        return None
+    risky = [k for k in _swept_keys(jobs) if k not in SAFE_SWEEP_KEYS and not k.startswith(SAFE_SWEEP_PREFIXES)]
+    if not risky:
+        return None
+    from steer_hydra.app.compose import compose_config
+    from steer_hydra.app.plan import JobPlan
+    from steer_hydra.store.comparable import changed_leaves
+
+    seen: dict[tuple[str, str], tuple[dict[str, Any], list[str]]] = {}
+    for job in jobs:
+        try:
+            plan = JobPlan.from_config(compose_config(list(job)))
+            cell, protocol = (str(plan.save_dir), plan.suite.name), plan.protocol()
+        except Exception:  # noqa: BLE001 - a job that cannot be planned refuses itself, naming the fix
+            continue
+        if cell not in seen:
+            seen[cell] = (protocol, list(job))
+            continue
+        changed = changed_leaves(seen[cell][0], protocol)
+        if changed:
+            return (
+                f"it evaluates suite {cell[1]!r} into one save_dir ({cell[0]}) under different protocols "
+                f"({'; '.join(changed[:3])}), from the swept {', '.join(risky)}: every job after the first would be "
+                f"refused. Fix: run one command per value of {', '.join(risky)}, each with its own experiment_name "
+                f"(e.g. {risky[0]}=<value> experiment_name=<name>_<value>), so each value has its own save_dir."
+            )
+    return None
+
+
 UNTOUCHED_SWEEP = frozenset({"multirun.yaml"})  # what a sweep folder holds when no job of it started
 
 
@@ -270,6 +333,9 @@ class SweepAggregator(Callback):
         self._progress: SweepProgress | None = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        problem = sweep_protocol_problem(config)  # before anything is launched or registered
+        if problem is not None:
+            raise SweepRefused(f"steer_hydra: invalid sweep: {problem}")
         self._pending = (str(config.hydra.sweep.dir), config)
         atexit.register(self._after_failure)
         try:

@@ -477,11 +477,41 @@ def check_tasks(plain: Mapping[str, Any]) -> list[str]:
     return problems
 
 
+def file_tasks(path: Path) -> list[str]:
+    """The names of the `@task` functions a task file defines (read with `ast`: the file is not run); ValueError
+    naming the line when the file does not parse."""
+    import ast
+
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    except SyntaxError as error:
+        raise ValueError(f"it does not parse (line {error.lineno}: {error.msg})") from None
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for decorator in node.decorator_list:
+                target = decorator.func if isinstance(decorator, ast.Call) else decorator
+                if getattr(target, "id", getattr(target, "attr", None)) == "task":
+                    found.append(node.name)
+    return found
+
+
 def _task_problem(name: str) -> str | None:
-    file, _, _ = name.partition("@")
+    file, _, wanted = name.partition("@")
     if "@" in name or file.endswith(".py"):
-        if not Path(file).expanduser().is_file():
+        path = Path(file).expanduser()
+        if not path.is_file():
             return f"no such task file {file!r}. Fix: correct the path (relative to the launch directory)."
+        try:
+            defined = file_tasks(path)
+        except (OSError, UnicodeDecodeError, ValueError) as error:
+            return f"task file {file!r} cannot be read: {error}. Fix: correct the file."
+        if wanted and wanted not in defined:
+            listed = f"it defines {defined}" if defined else "it defines no @task function"
+            return (
+                f"task file {file!r} has no task {wanted!r} ({listed}). Fix: {file}@<one of its @task functions>, or "
+                f"decorate {wanted} with @task."
+            )
         return None
     from inspect_ai._util.registry import registry_lookup
 

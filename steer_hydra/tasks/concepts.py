@@ -19,7 +19,9 @@ The built-in concepts are the files of `concept_data/` (`builtin_concepts()`); `
 names, the path of any `.yaml` / `.yml` file, or a dataset concept's reference (`axbench:<folder or hub id>@<id>`,
 `steereval:<folder or hub id>@<domain>/<id>`: read by `tasks/concept_sets.py`). Invariant: a file either loads
 completely or is refused with one `ConceptFileError` naming the file, the line (or row) of the offending entry and
-the fix; nothing is half-read.
+the fix; nothing is half-read. A file larger than `MAX_FILE_BYTES` is refused before it is parsed, and a file is
+parsed once per process while its bytes are unchanged (keyed by its path and a digest of its bytes), however many
+readers a job has (pre-flight, the resolvers, the task, the controls, the digests).
 
 A dataset concept also carries `instructions`: the dataset's own evaluation instructions (`Instruction`: sample id,
 text, split `dev` or `test`, and the keywords that show an answer addresses it), which the concept-steering task
@@ -70,6 +72,12 @@ FILE_SUFFIXES = (".yaml", ".yml")
 LINE_WIDTH = 118  # `concept_yaml` wraps the lexicon at this width
 DATA_DIR = Path(__file__).parent / "concept_data"  # the built-in concepts, shipped with the package
 
+# A concept file's size bound (about 2 MB holds 10,000 pairs of everyday sentences; parsing it takes seconds) and how
+# many parsed files a process keeps (a concept is immutable; a file is parsed again once its bytes change).
+MAX_FILE_BYTES = 4 * 2**20
+MAX_CACHED = 64
+_LOADED: dict[tuple[str, str], Concept] = {}
+
 _NAME = re.compile(r"[a-z0-9_]+")
 _STEM = re.compile(r"[a-z']+")  # what the rule scorer's words are made of
 
@@ -92,6 +100,25 @@ def load_concept(name_or_path: str | Path | Concept) -> Concept:
 
         return load_dataset_concept(str(name_or_path))
     path = concept_file(name_or_path)
+    try:
+        stat = path.stat()
+    except OSError as error:
+        raise ConceptFileError(path, f"cannot be read ({error})", "give a readable UTF-8 YAML file") from error
+    if stat.st_size > MAX_FILE_BYTES:
+        raise ConceptFileError(
+            path,
+            f"is {stat.st_size / 2**20:.1f} MiB; a concept file may hold at most {MAX_FILE_BYTES // 2**20} MiB (tens "
+            "of thousands of pairs), and every job of a study reads it",
+            "keep the pairs that define the concept (16 to a few hundred fit a vector well), or give a large set as a "
+            "dataset (concepts=axbench:<folder>)",
+        )
+    try:
+        content = hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError as error:
+        raise ConceptFileError(path, f"cannot be read ({error})", "give a readable UTF-8 YAML file") from error
+    key = (str(path), content)  # the path as given (the concept records it as its source) and the bytes
+    if key in _LOADED:  # the same file unchanged: parsed once per process, however many readers a job has
+        return _LOADED[key]
     entries = _read_mapping(path)
     _check_keys(path, entries)
     name, description, kind = _header(path, entries)
@@ -99,7 +126,11 @@ def load_concept(name_or_path: str | Path | Concept) -> Concept:
     lexicon = _lexicon(path, entries)
     actadd = _actadd(path, entries)
     system_prompt = _optional_text(path, entries, "system_prompt")
-    return Concept(name, description, kind, pairs, lexicon, actadd, system_prompt, source=str(path))
+    concept = Concept(name, description, kind, pairs, lexicon, actadd, system_prompt, source=str(path))
+    while len(_LOADED) >= MAX_CACHED:
+        _LOADED.pop(next(iter(_LOADED)))
+    _LOADED[key] = concept
+    return concept
 
 
 def concept_name(name_or_path: str | Path) -> str:

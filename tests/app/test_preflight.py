@@ -429,3 +429,21 @@ def test_a_dataset_counts_as_cached_in_the_hub_or_datasets_cache(tmp_path, monke
     assert preflight_module.dataset_cached("openai/gsm8k")
     (tmp_path / "datasets" / "cais___mmlu").mkdir(parents=True)
     assert preflight_module.dataset_cached("cais/mmlu") and not preflight_module.dataset_cached("allenai/ai2_arc")
+
+
+def test_a_task_file_without_the_named_task_is_refused_naming_its_tasks(compose_cfg, tmp_path):
+    tasks = tmp_path / "my_tasks.py"
+    tasks.write_text(
+        "from inspect_ai import Task, task\n\n\n@task\ndef arithmetic():\n    return Task()\n\n\n"
+        "@task(name='x')\ndef trivia():\n    return Task()\n\n\ndef helper():\n    pass\n"
+    )
+    cfg = compose_cfg([f"suite.tasks=[{tasks}@aritmetic]"])
+    with pytest.raises(ConfigError) as refused:
+        preflight(cfg)
+    message = str(refused.value)
+    assert f"suite.tasks[0]='{tasks}@aritmetic': task file '{tasks}' has no task 'aritmetic'" in message
+    assert "it defines ['arithmetic', 'trivia']" in message and "Fix:" in message
+    preflight(compose_cfg([f"suite.tasks=[{tasks}@arithmetic]"]))  # the right name passes
+    (tmp_path / "broken.py").write_text("def oops(:\n")
+    with pytest.raises(ConfigError, match=r"cannot be read: it does not parse \(line 1"):
+        preflight(compose_cfg([f"suite.tasks=[{tmp_path / 'broken.py'}@oops]"]))

@@ -321,3 +321,25 @@ def test_a_ray_sweep_whose_cluster_cannot_be_reached_ends_in_one_line_within_sec
     assert len(lines) == 1 and "RAY_ADDRESS=127.0.0.1:1" in lines[0] and "Fix:" in lines[0]
     assert time.monotonic() - started < 120  # Ray alone retries this address for about 14 minutes
     assert not list((tmp_path / "outputs").rglob("multirun.yaml"))  # no sweep folder left behind
+
+
+@pytest.mark.slow
+def test_a_refused_job_of_a_sweep_fails_alone_and_the_later_jobs_run(run_app, tmp_path):
+    done = run_app("--multirun", *FAST, "logger=none", f"output_root={tmp_path / 'outputs'}", "num_trials=0,1")
+    assert done.returncode == 1, done.stderr[-3000:]
+    lines = [line for line in done.stderr.splitlines() if "invalid configuration" in line]
+    assert len(lines) == 1 and "num_trials=0" in lines[0] and "Traceback" not in done.stderr
+    (record,) = (tmp_path / "outputs").rglob("job_record.json")  # the job after the refused one ran
+    assert json.loads(record.read_text())["trial_ids"] == [0]
+    (missing,) = (tmp_path / "outputs").rglob("missing_cells.json")
+    assert len(json.loads(missing.read_text())) == 1 and "num_trials=0" in missing.read_text()
+
+
+@pytest.mark.slow
+def test_a_sweep_of_a_protocol_key_within_one_save_dir_is_refused_before_any_job(run_app, tmp_path):
+    done = run_app("--multirun", *FAST, "logger=none", f"output_root={tmp_path / 'outputs'}", "suite.limit=1,2,3")
+    assert done.returncode == 1, done.stderr[-3000:]
+    lines = [line for line in done.stderr.splitlines() if line.startswith("steer_hydra: invalid sweep:")]
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "suite.limit: 1 -> 2" in lines[0] and "experiment_name" in lines[0] and "Fix:" in lines[0]
+    assert not (tmp_path / "outputs").exists()  # nothing launched, nothing written

@@ -298,3 +298,29 @@ def test_the_study_reads_the_score_names_the_task_registers():
 
     names = tuple(registry_info(s).name for s in concept_steering(split="dev").scorer)
     assert names == SCORES and OBJECTIVE in SCORES and FLUENCY in SCORES
+
+
+def test_a_concept_file_is_parsed_once_while_unchanged_however_many_readers(tmp_path, monkeypatch):
+    from steer_hydra.tasks import concepts as concepts_module
+    from steer_hydra.tasks.concepts import concept_digest, concept_name
+
+    path = _write(tmp_path, concept_yaml(load_concept("weddings")).replace("name: weddings", "name: my_weddings"))
+    parsed = []
+    read = concepts_module._read_mapping
+    monkeypatch.setattr(concepts_module, "_read_mapping", lambda p: parsed.append(p) or read(p))
+    for reader in (load_concept, concept_pairs, concept_digest, concept_name, concept_system_prompt, load_concept):
+        reader(str(path))
+    assert len(parsed) == 1
+    path.write_text(path.read_text().replace("name: my_weddings", "name: other_weddings"))
+    assert load_concept(str(path)).name == "other_weddings" and len(parsed) == 2  # an edited file is read again
+
+
+def test_an_oversized_concept_file_is_refused_before_it_is_parsed(tmp_path, monkeypatch):
+    from steer_hydra.tasks import concepts as concepts_module
+
+    path = _write(tmp_path, concept_yaml(load_concept("weddings")))
+    monkeypatch.setattr(concepts_module, "MAX_FILE_BYTES", 1024)
+    monkeypatch.setattr(concepts_module, "_read_mapping", lambda p: pytest.fail("parsed an oversized file"))
+    with pytest.raises(ConceptFileError, match=r"a concept file may hold at most .* Fix: keep the pairs"):
+        load_concept(path)
+    assert concepts_module.MAX_FILE_BYTES == 1024 and path.stat().st_size > 1024
