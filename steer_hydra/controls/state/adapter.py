@@ -64,7 +64,7 @@ from steer_hydra.controls.state.layer_vector import FitsVector, apply_direction,
 from steer_hydra.controls.state.residual import check_layer, normalized
 from steer_hydra.controls.state.vectors import SteeringVector
 from steer_hydra.core.controls import BaseArgs, ResidualAddition, StateControl
-from steer_hydra.core.layout import ModelLayout, resolve_layout
+from steer_hydra.core.layout import ModelLayout
 
 logger = logging.getLogger(__name__)
 
@@ -211,9 +211,7 @@ class ActivationAdapter(CompiledEdits, FitsVector, StateControl):
 
     def steer(self, model: torch.nn.Module | None, tokenizer: Any = None, **kwargs: Any) -> None:
         name = type(self).__name__
-        if model is None:
-            raise RuntimeError(f"{name} needs the model in this process. Fix: use backend=huggingface or vllm.")
-        layout = resolve_layout(model)
+        layout = self._steered_layout(model)
         tokenizer = tokenizer if tokenizer is not None else self.tokenizer
         fitted = (
             unpack_gated_fit(kwargs["fitted_vector"], format_name=_FORMAT, role="direction", refusal=_NOT_AN_ADAPTERS)

@@ -48,7 +48,6 @@ from steer_hydra.controls.state.probing import pair_means
 from steer_hydra.controls.state.residual import check_hidden_size, check_layer
 from steer_hydra.controls.state.vectors import SteeringVector
 from steer_hydra.core.controls import BaseArgs, ResidualAddition, StateControl
-from steer_hydra.core.layout import resolve_layout
 
 logger = logging.getLogger(__name__)
 
@@ -169,9 +168,7 @@ class AngularSteering(CompiledEdits, FitsVector, StateControl):
 
     def steer(self, model: torch.nn.Module | None, tokenizer: Any = None, **kwargs: Any) -> None:
         name = type(self).__name__
-        if model is None:
-            raise RuntimeError(f"{name} needs the model in this process. Fix: use backend=huggingface or vllm.")
-        layout = resolve_layout(model)
+        layout = self._steered_layout(model)
         fitted = kwargs.get("fitted_vector")  # fitted elsewhere on the same checkpoint (an engine backend)
         reference_kind = self.reference if self.reference != "auto" else ("mean" if self.data is not None else "random")
         if self.steering_vector is not None:

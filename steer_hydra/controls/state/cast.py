@@ -49,7 +49,7 @@ from steer_hydra.controls.state.residual import check_hidden_size
 from steer_hydra.controls.state.vectors import SteeringVector
 from steer_hydra.core.controls import BaseArgs, ResidualAddition, StateControl
 from steer_hydra.core.edits import condition_similarity
-from steer_hydra.core.layout import ModelLayout, resolve_layout
+from steer_hydra.core.layout import ModelLayout
 
 logger = logging.getLogger(__name__)
 
@@ -269,9 +269,7 @@ class CAST(CompiledEdits, FitsVector, StateControl):
 
     def steer(self, model: torch.nn.Module | None, tokenizer: Any = None, **kwargs: Any) -> None:
         name = type(self).__name__
-        if model is None:
-            raise RuntimeError(f"{name} needs the model in this process. Fix: use backend=huggingface or vllm.")
-        layout = resolve_layout(model)
+        layout = self._steered_layout(model)
         tokenizer = tokenizer if tokenizer is not None else self.tokenizer
         fitted = kwargs.get("fitted_vector")  # fitted elsewhere on the same checkpoint (an engine backend)
         packed: dict[str, Any] = {}

@@ -39,7 +39,7 @@ from steer_hydra.controls.state.residual import (
 )
 from steer_hydra.core.controls import HookSet, ResidualAddition
 from steer_hydra.core.edits import condition_similarity, gate_open, rotate_in_plane
-from steer_hydra.core.layout import ModelLayout
+from steer_hydra.core.layout import ModelLayout, resolve_layout
 
 SITES = ("input", "attention", "heads", "output")
 # names of an attention module's output projection (Llama/Qwen/Mistral, BART/OPT, GPT-NeoX/Phi, GPT-2, T5-style)
@@ -102,12 +102,22 @@ def check_edits(edits: Sequence[ResidualAddition], owner: str) -> None:
 
 class CompiledEdits:
     """What a state control whose whole effect is a fixed list of edits compiled at `steer()` shares (ITI, CAST,
-    angular steering, ActivationAdapter): `steer()` ends with `_bind_edits(model, layout, edits)`; then
-    `residual_edits()` is what an engine backend lowers and `get_hooks()` runs the same edits as Hugging Face hooks.
-    The control's `_configure` sets `_edits = None` (not steered yet) and `_paths = {}`."""
+    angular steering, ActivationAdapter): `steer()` reads the model's layout with `_steered_layout(model)` and ends
+    with `_bind_edits(model, layout, edits)`; then `residual_edits()` is what an engine backend lowers and
+    `get_hooks()` runs the same edits as Hugging Face hooks. The control's `_configure` sets `_edits = None` (not
+    steered yet) and `_paths = {}`."""
 
     _edits: tuple[ResidualAddition, ...] | None
     _paths: dict[tuple, str]
+
+    def _steered_layout(self, model: torch.nn.Module | None) -> ModelLayout:
+        """The layout of the model `steer()` is given; refused when the backend keeps no model in this process (a
+        fit to do runs on the Hugging Face model of an engine's checkpoint, so vLLM qualifies)."""
+        if model is None:
+            raise RuntimeError(
+                f"{type(self).__name__} needs the model in this process. Fix: use backend=huggingface or vllm."
+            )
+        return resolve_layout(model)
 
     def _bind_edits(self, model: torch.nn.Module, layout: ModelLayout, edits: tuple[ResidualAddition, ...]) -> None:
         """Check `edits`, find their modules and keep both (the control is steered from here on)."""

@@ -57,7 +57,7 @@ from steer_hydra.controls.state.probing import (
 from steer_hydra.controls.state.residual import check_layer
 from steer_hydra.controls.state.vectors import SteeringVector
 from steer_hydra.core.controls import BaseArgs, ResidualAddition, StateControl
-from steer_hydra.core.layout import ModelLayout, resolve_layout
+from steer_hydra.core.layout import ModelLayout
 
 logger = logging.getLogger(__name__)
 
@@ -235,9 +235,7 @@ class ITI(CompiledEdits, FitsVector, StateControl):
 
     def steer(self, model: torch.nn.Module | None, tokenizer: Any = None, **kwargs: Any) -> None:
         name = type(self).__name__
-        if model is None:
-            raise RuntimeError(f"{name} needs the model in this process. Fix: use backend=huggingface or vllm.")
-        layout = resolve_layout(model)
+        layout = self._steered_layout(model)
         for layer in self.layers or ():
             check_layer(name, layer, layout, "layers/heads")
         for layer, head in self.heads or ():
