@@ -269,6 +269,7 @@ def paired_deltas(
     # the baseline as given: a config_id passed on would be re-read as an arm name first, maybe another arm's
     changed = changed_share(samples, baseline, group_cols) if "completion" in samples else None
     rows = []
+    dropped_in: list[tuple[dict[str, Any], int]] = []
     for metric in scores:
         means = per_sample_means(samples, metric, keys=[*keys, "sample_id"])
         base = means[means["config_id"] == base_id].drop(columns=["arm", "config_id"])
@@ -282,7 +283,7 @@ def paired_deltas(
             paired = paired.dropna(subset=[metric, f"{metric}_base"])
             dropped = len(arm) + len(base_rows) - 2 * len(paired)
             if dropped:
-                logger.info("paired_deltas: %s: %d sample(s) not held by both sides are left out.", group_key, dropped)
+                dropped_in.append((group_key, dropped))
             diffs = (paired[metric] - paired[f"{metric}_base"]).to_numpy(dtype=float)
             n = diffs.size
             low, high = confidence_interval(
@@ -305,6 +306,15 @@ def paired_deltas(
                     "method": method,
                 }
             )
+    if dropped_in:  # one line for the call, not one per group and metric
+        (first, count), groups = dropped_in[0], {str(group) for group, _ in dropped_in}
+        logger.info(
+            "paired_deltas: %d sample(s) not held by both sides are left out, in %d group(s) (first: %s: %d).",
+            sum(n for _, n in dropped_in),
+            len(groups),
+            first,
+            count,
+        )
     out = pd.DataFrame(rows, columns=[*keys, *[c for c in DELTA_COLUMNS if c != "changed"]])
     if changed is not None and not out.empty:
         out = out.merge(changed[[*keys, "changed"]], on=keys, how="left")

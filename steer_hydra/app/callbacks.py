@@ -250,6 +250,11 @@ def aggregate_sweep_dir(sweep_dir: str | Path, config: DictConfig, *, track: boo
     if missing:
         notes.append(f"{len(missing)} job(s) missing: see {out_dir / MISSING_FILE}")
     table = out["comparison"].table
+    if launched_jobs(sweep_dir) is not None:  # a study's sweep: its own report, printed before, is the summary
+        files = ", ".join(sorted(Path(p).name for p in out["paths"].values() if p is not None and Path(p).exists()))
+        first = f"Sweep {sweep_dir.name}: {len(records)} job(s), every configuration vs the baseline in {out_dir}: "
+        print_report("\n".join([first + files, *notes]))
+        return out
     title = table_title(f"Sweep {sweep_dir.name}: {len(records)} job(s)", table)
     print_report(report_text(table, title=title, files=out["paths"], notes=notes))
     return out

@@ -49,10 +49,29 @@ class HydraLauncher:
         return records
 
 
+class StudyRefused(SystemExit):
+    """A study refused before it launches anything (a concept that cannot be used, a sweep it cannot run), in one
+    line naming the fix; no job runs and no sweep folder is left."""
+
+
+def plan_study(spec: Mapping[str, Any], arguments: Sequence[str], config: DictConfig) -> tuple[StudyPlan, list[str]]:
+    """The study's plan and the overrides every job gets; `StudyRefused` (one line) when a concept cannot be used
+    or the command line asks for what a study cannot run. Every concept is checked here, before any job."""
+    from steer_hydra.tasks.concepts import ConceptFileError
+
+    try:
+        plan = StudyPlan(**{key: to_plain(value) for key, value in spec.items()})
+        layer = OmegaConf.select(config, "model.steering_layer", default=None)
+        plan.default_layer = int(layer) if isinstance(layer, int) and not isinstance(layer, bool) else None
+        passthrough = plan.take_arguments(arguments)
+    except (ConceptFileError, ValueError, TypeError) as error:
+        raise StudyRefused(f"steer_hydra: invalid study: {' '.join(str(error).split())}") from None
+    return plan, passthrough
+
+
 def sweep_study(spec: Mapping[str, Any], arguments: Sequence[str], config: DictConfig, launcher: Any) -> Any:
     """Run the study `spec` (the sweeper's config) with the command line's `arguments`; print and track it."""
-    plan = StudyPlan(**{key: to_plain(value) for key, value in spec.items()})
-    passthrough = plan.take_arguments(arguments)
+    plan, passthrough = plan_study(spec, arguments, config)
     sweep_dir = Path(config.hydra.sweep.dir).absolute()
     sweep_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(config, sweep_dir / "multirun.yaml")

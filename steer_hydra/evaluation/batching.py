@@ -269,11 +269,12 @@ class LockLeaderCollator:
         """Runtime-kwarg names seen on either tier that no enabled control declares."""
         return frozenset(self._inert)
 
-    def _mark_inert(self, key: str, tier: str) -> None:
+    def _mark_inert(self, key: str, tier: str, level: int = logging.INFO) -> None:
         if key in self._inert:
             return
         self._inert.add(key)
-        logger.info(
+        logger.log(
+            level,
             "Runtime kwarg %r (%s) is declared by no enabled control of this pipeline and is inert on this arm.",
             key,
             tier,
@@ -311,7 +312,8 @@ class LockLeaderCollator:
                     "or declare 'scope': 'row' in the consuming control's RUNTIME_KWARGS_SCHEMA."
                 )
             if scope is None:
-                self._mark_inert(key, "per sample, Sample.metadata")
+                # a task's metadata serves the arms that read it; on the others it is expected, so kept quiet
+                self._mark_inert(key, "per sample, Sample.metadata", logging.DEBUG)
                 continue
             retained[key] = value
         choices = max(1, int(num_choices))

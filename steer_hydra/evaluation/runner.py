@@ -588,6 +588,10 @@ def _control_provenance(pipeline: Any, controls: Sequence[Any], options: Any) ->
         "steering_vector_hashes": {
             f"{type(c).__name__}[{i}]": c.vector_hash for i, c in enumerate(controls) if c.enabled and c.vector_hash
         },
+        # what controls chose or built at steer() (an optimized instruction, a trained adapter's cache entry)
+        "controls_built": {
+            f"{type(c).__name__}[{i}]": built for i, c in enumerate(controls) if c.enabled and (built := c.provenance())
+        },
     }
 
 

@@ -78,7 +78,10 @@ class Point:
 
 @dataclass(frozen=True, slots=True)
 class Job:
-    """One launched job: its overrides and what it evaluates (stage, concept, arm, grid point, suite)."""
+    """One launched job: its overrides and what it evaluates (stage, concept by name, arm, grid point, suite).
+
+    `defaults` are axis values the job runs at without setting them (a vector method's layer when layers are not
+    swept: the model's `steering_layer`); they are recorded in its row beside the point's, never overridden."""
 
     overrides: tuple[str, ...]
     stage: str
@@ -86,15 +89,23 @@ class Job:
     arm_name: str
     point: Point
     suite: str
+    defaults: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def recorded_point(self) -> Point:
+        """The point with its default axes, in `AXES` order: what the job's row records."""
+        given = {**dict(self.defaults), **dict(self.point.values)}
+        return Point(tuple((axis, given[axis]) for axis in AXES if axis in given))
 
     def row(self) -> dict[str, Any]:
         """The job as a row of the launched table (`overrides` joined by spaces)."""
+        point = self.recorded_point
         return {
             "stage": self.stage,
             "concept": self.concept,
             "arm_name": self.arm_name,
-            "point": self.point.label,
-            **self.point.columns(),
+            "point": point.label,
+            **point.columns(),
             "suite": self.suite,
             "overrides": " ".join(self.overrides),
         }
@@ -121,6 +132,8 @@ class StudyPlan:
     test_suite: str = "concept_steering_test"
     cost_suites: list[str] = field(default_factory=list)
     concepts_limit: int | None = None  # `concepts_limit=N`: the first N usable concepts of the command line's list
+    names: dict[str, str] = field(default_factory=dict)  # concept as given (a name or a path) -> its name
+    default_layer: int | None = None  # the model's steering_layer: a vector method's layer when layers are not swept
 
     def __post_init__(self) -> None:
         self.strengths = sorted((float(s) for s in self.strengths), key=lambda s: (abs(s), s))
@@ -171,9 +184,20 @@ class StudyPlan:
                 )
             else:
                 passthrough.append(override.input_line)
-        if concepts is not None or self.concepts_limit is not None:
-            self.concepts = concept_list(self.concepts if concepts is None else concepts, limit=self.concepts_limit)
+        # every concept is checked before any job launches, whether the command line or the preset names it
+        self.concepts = concept_list(self.concepts if concepts is None else concepts, limit=self.concepts_limit)
+        self.names = concept_names(self.concepts)
         return passthrough
+
+    def concept_name(self, concept: str) -> str:
+        """The name a concept (as given: a built-in name or a file's path) is keyed by in every study file."""
+        return self.names.get(concept, concept)
+
+    def defaults(self, method: str) -> tuple[tuple[str, float], ...]:
+        """The axes `method`'s jobs run at without setting them: a vector method's layer when layers are not swept."""
+        if method in self.vector_methods and not self.layers and self.default_layer is not None:
+            return (("layer", int(self.default_layer)),)
+        return ()
 
     # ------------------------------------------------------------------------------------------ grids
     def swept(self, arm: str) -> bool:
@@ -203,8 +227,12 @@ class StudyPlan:
 
     # ------------------------------------------------------------------------------------------ jobs
     def _job(self, passthrough: Sequence[str], stage: str, concept: str, arm: str, point: Point, suite: str) -> Job:
+        """A job on `concept` (as given, for its override; keyed by its name) at `point` (its default axes taken out
+        of the overrides and recorded beside it)."""
+        defaults = self.defaults(self.follows.get(arm, arm)) if self.swept(arm) else ()
+        point = Point(tuple(pair for pair in point.values if pair not in defaults))
         overrides = (*passthrough, f"concept={concept}", f"arm={arm}", *point.overrides(), f"suite={suite}")
-        return Job(tuple(overrides), stage, concept, arm, point, suite)
+        return Job(tuple(overrides), stage, self.concept_name(concept), arm, point, suite, defaults)
 
     def dev_jobs(self, passthrough: Sequence[str]) -> list[Job]:
         """Per concept: the baseline and each method at each grid point, on the dev suite."""
@@ -226,7 +254,7 @@ class StudyPlan:
         for concept in self.concepts:
             for stage, suite in [("test", self.test_suite), *(("cost", s) for s in self.cost_suites)]:
                 for arm in arms:
-                    point = self._chosen(choices, concept, arm) if self.swept(arm) else Point()
+                    point = self._chosen(choices, self.concept_name(concept), arm) if self.swept(arm) else Point()
                     jobs.append(self._job(passthrough, stage, concept, arm, point, suite))
         return jobs
 
@@ -249,6 +277,13 @@ def concept_list(values: Sequence[Any], limit: int | None = None) -> list[str]:
     return expand_concepts(_listed(values), limit=limit)
 
 
+def concept_names(concepts: Sequence[str]) -> dict[str, str]:
+    """`{concept as given: its name}` for checked concepts (a file's path keys to the name the file declares)."""
+    from steer_hydra.tasks.concepts import concept_name
+
+    return {concept: concept_name(concept) for concept in concepts}
+
+
 def _listed(values: Sequence[Any]) -> list[str]:
     """The concepts `values` list, as given (see `concept_list`)."""
     flat: list[str] = []
@@ -260,7 +295,10 @@ def _listed(values: Sequence[Any]) -> list[str]:
             return [line.split("#")[0].strip() for line in path.read_text().splitlines() if line.split("#")[0].strip()]
         import yaml
 
-        listed = yaml.safe_load(path.read_text())
+        try:
+            listed = yaml.safe_load(path.read_text())
+        except yaml.YAMLError:  # a concept file with a syntax error: its checked loader names the line and the fix
+            return [flat[0]]
         if isinstance(listed, list):
             return [str(item) for item in listed]
         # a single concept file (a mapping), not a list of concepts

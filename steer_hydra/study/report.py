@@ -88,9 +88,10 @@ def per_concept_deltas(
     return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
 
 
-def win_rates(results: pd.DataFrame, *, objective: str, versus: str) -> pd.DataFrame:
-    """Per arm: the share of concepts where its test `objective` mean beats `versus`'s (a tie counts a half)."""
-    rows = results[results["metric"] == objective]
+def win_rates(results: pd.DataFrame, *, objective: str, versus: str, baseline: str = "baseline") -> pd.DataFrame:
+    """Per steered arm: the share of concepts where its test `objective` mean beats `versus`'s (a tie counts a
+    half); the baseline, which steers nothing, gets none."""
+    rows = results[(results["metric"] == objective) & (results["arm_name"] != baseline)]
     reference = rows[rows["arm_name"] == versus].set_index("concept")["arm_mean"]
     if reference.empty:
         return pd.DataFrame(columns=["arm_name", "win_rate", "win_rate_concepts"])
@@ -136,7 +137,9 @@ def write_study(
             test, list(scores), baseline_config_id=_baseline_id(test, baseline), n_resamples=n_resamples
         )
         if prompt_arm is not None:
-            summary = summary.merge(win_rates(results, objective=objective.metric, versus=prompt_arm), how="left")
+            summary = summary.merge(
+                win_rates(results, objective=objective.metric, versus=prompt_arm, baseline=baseline), how="left"
+            )
     costs, costs_summary = pd.DataFrame(), pd.DataFrame()
     if not cost.empty:
         cost_scores = numeric_score_columns(cost, labels=LAUNCHED_KEYS)  # the cost suites' tasks, any scorers

@@ -4,6 +4,7 @@ degenerate rate."""
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 from statistics import NormalDist
@@ -305,16 +306,19 @@ def test_trials_are_averaged_per_sample_before_pairing():
     assert row.se == pytest.approx(np.std([-0.5, 1, 0.5], ddof=1) / math.sqrt(3))
 
 
-def test_only_samples_both_arms_hold_are_paired_per_task():
+def test_only_samples_both_arms_hold_are_paired_per_task_and_the_drops_said_once(caplog):
     samples = _samples(
         _arm("baseline", "baseline", [1, 0, 1, 1])
         + _arm("arm", "a1", [0, 0, 1])  # lacks sample 3
-        + _arm("baseline", "baseline", [0, 0], task="u")
-        + _arm("arm", "a1", [1, 1], task="u")
+        + _arm("baseline", "baseline", [0, 0, 1], task="u")
+        + _arm("arm", "a1", [1, 1], task="u")  # lacks sample 2
     )
-    out = paired_deltas(samples, "score").set_index("task")
+    with caplog.at_level(logging.INFO, logger="steer_hydra.analysis.stats"):
+        out = paired_deltas(samples, "score").set_index("task")
     assert out.loc["t", "n"] == 3 and out.loc["t", "delta"] == pytest.approx(-1 / 3)
     assert out.loc["u", "n"] == 2 and out.loc["u", "delta"] == 1.0
+    (line,) = [r.getMessage() for r in caplog.records if "not held by both sides" in r.getMessage()]
+    assert line.startswith("paired_deltas: 2 sample(s) not held by both sides are left out, in 2 group(s)")
 
 
 def test_paired_deltas_with_one_pair_has_no_interval_and_letters_are_scores():

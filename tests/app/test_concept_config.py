@@ -116,3 +116,20 @@ def test_a_bad_concept_is_refused_by_preflight_before_any_model_loads(run_main, 
     for text in expected:
         assert text in line, (text, line)
     assert not list(tmp_path.rglob("*.eval")) and not list(tmp_path.rglob("protocol"))
+
+
+@pytest.mark.parametrize("mistake", ["syntax", "content"])
+def test_a_study_refuses_a_bad_concept_file_before_it_launches_any_job(run_main, monkeypatch, tmp_path, mistake):
+    started = []
+    monkeypatch.setattr(job_module, "run_job", lambda *a, **k: started.append(True))
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: bad\npairs: [\n  - prompt: a\n" if mistake == "syntax" else BAD_CONCEPT)
+    code, out, err = run_main(
+        "--multirun", "experiment=concept_steering", f"concept={path}", f"output_root={tmp_path}", "logger=none"
+    )
+    assert code == 1 and not started
+    assert "Launching" not in out + err and "re-run" not in (out + err).lower()
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("steer_hydra: invalid study: ") and str(path) in line and "Fix" in line, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) <= 2
+    assert not list(tmp_path.rglob("multiruns"))  # no sweep folder is left

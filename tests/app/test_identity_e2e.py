@@ -12,6 +12,7 @@ from steer_hydra.analysis import compare as results_module
 from steer_hydra.app import job as job_module
 from steer_hydra.app.callbacks import aggregate_sweep
 from steer_hydra.app.plan import JobPlan
+from steer_hydra.app.records import JobRecord
 
 PASTAS = [
     ["arm=pasta"],
@@ -81,13 +82,14 @@ def test_three_pasta_configurations_in_one_save_dir_keep_their_own_results(compo
     assert configs == {*ids, "baseline"}
 
     # a sweep's aggregate holds the sweep's configurations (+ the baseline), not the others in the save_dir
-    base_record = json.loads((tmp_path / "job_base" / "job_record.json").read_text())
+    base_record = JobRecord.read(tmp_path / "job_base")
+    typed = [JobRecord.from_dict(record) for record in records]
     only_baseline = aggregate_sweep([base_record], tmp_path / "agg_base")
     assert only_baseline["comparison"].deltas.empty
-    one = aggregate_sweep([base_record, records[1]], tmp_path / "agg_one")
+    one = aggregate_sweep([base_record, typed[1]], tmp_path / "agg_one")
     assert set(one["comparison"].deltas["config_id"]) == {ids[1]} and set(one["comparison"].deltas["arm"]) == {
         records[1]["arm"]
     }
     assert set(one["summary"]["config_id"]) == {"baseline", ids[1]}
-    without_base = aggregate_sweep([records[2]], tmp_path / "agg_two")  # baseline from the same save_dir
+    without_base = aggregate_sweep([typed[2]], tmp_path / "agg_two")  # baseline from the same save_dir
     assert set(without_base["comparison"].deltas["config_id"]) == {ids[2]}

@@ -199,7 +199,8 @@ def test_a_job_with_a_judge_scores_beside_the_rules_and_records_it_in_the_protoc
     assert {"concept_score", "judge_concept", "judge_harmonic", "concept_judge"} <= set(results["scorer"])
     assert judge.calls == 9
     save_dir = tmp_path / "default" / "tiny" / "seed_0"
-    assert read_json(save_dir / "protocol" / "concept_steering_weddings.json")["judge"] == "mockllm/model"
+    protocol = read_json(save_dir / "protocol" / "concept_steering_weddings.json")
+    assert protocol["model_roles"]["judge"] == "mockllm/model"
     (log_path,) = list_eval_logs(str(save_dir / "inspect_logs" / "baseline"))
     assert read_eval_log(log_path.name, header_only=True).eval.model_roles["judge"].model == "mockllm/model"
     # the same save_dir without the judge: refused before any model loads, pointing at rescore

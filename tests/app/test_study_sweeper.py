@@ -28,7 +28,14 @@ def test_the_study_runs_in_one_command_and_only_chosen_points_see_test(run_app, 
         timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "Sweep: 14/14 job(s) done" in proc.stdout + proc.stderr  # progress counts the jobs the sweeper launched
+    console = proc.stdout + proc.stderr
+    assert "Sweep: 14/14 job(s) done" in console  # progress counts the jobs the sweeper launched
+    # a quiet end: the study's report, then the aggregate's folder in one line, not its table of every dev point
+    end = console[console.rindex("Study over concepts") :]
+    assert "job(s), every configuration vs the baseline in" in end and "caa_concept@" not in end
+    (baseline_line,) = [line for line in console.splitlines() if line.startswith("baseline (2 concepts)")]
+    assert "win rate" not in baseline_line  # the baseline steers nothing: no win rate
+    assert console.count("not held by both sides") <= 2
     (sweep,) = (tmp_path / "outputs" / "concept_steering" / "multiruns").iterdir()
     assert len(json.loads((sweep / LAUNCHED_FILE).read_text())) == 14
     study = sweep / "study"

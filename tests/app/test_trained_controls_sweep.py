@@ -78,6 +78,10 @@ def test_every_new_control_runs_in_a_sweep_beside_the_baseline_and_reuses_its_ca
     built = _cache_entries(cache)
     assert len(built["adapters"]) >= 2 and len(built["merges"]) >= 1 and len(built["prompts"]) >= 3
     assert len(built["reft"]) >= 1
+    # what an optimizer chose at steer() reaches its job's provenance
+    records = {r["arm"]: r for r in job_records(sweep)}
+    chosen = records["gepa"]["provenance"]["controls_built"]
+    assert [key.split("[")[0] for key in chosen] == ["GEPAPrompt"] and next(iter(chosen.values()))["chosen"]
 
     # the same arms again into a new sweep (a new save_dir): every artifact comes from the cache
     for path in (tmp_path / "outputs").iterdir():

@@ -156,9 +156,9 @@ def test_per_sample_call_scoped_key_raises():
         admit(collator, "p1", per_sample={"alpha": 1.0})
 
 
-def test_undeclared_per_sample_key_is_inert_and_logged_once(caplog):
+def test_undeclared_per_sample_key_is_inert_and_logged_once_below_the_console(caplog):
     collator = make(scopes={"substrings": "row"})
-    with caplog.at_level(logging.INFO, logger="steer_hydra.evaluation.batching"):
+    with caplog.at_level(logging.DEBUG, logger="steer_hydra.evaluation.batching"):
         first = admit(collator, "p1", per_sample={"ghost": 1, "substrings": ["a"]})
         second = admit(collator, "p2", per_sample={"ghost": 2, "substrings": ["b"]})
     assert first.per_sample_runtime_kwargs == {"substrings": ["a"]}
@@ -166,6 +166,7 @@ def test_undeclared_per_sample_key_is_inert_and_logged_once(caplog):
     assert collator.inert_runtime_kwargs == frozenset({"ghost"})
     inert_logs = [r for r in caplog.records if "is inert on this arm." in r.getMessage()]
     assert len(inert_logs) == 1 and "'ghost'" in inert_logs[0].getMessage()
+    assert inert_logs[0].levelno == logging.DEBUG  # a task's metadata other arms read: not a console line per job
 
 
 def test_undeclared_static_key_is_inert_at_construction(caplog):

@@ -63,10 +63,10 @@ def test_the_win_rate_counts_concepts_where_an_arm_beats_prompting_and_a_tie_as_
     from steer_hydra.study.report import win_rates
 
     means = {("a", "caa"): 0.3, ("a", "prompt"): 0.1, ("b", "caa"): 0.2, ("b", "prompt"): 0.2,
-             ("c", "caa"): 0.0, ("c", "prompt"): 0.4}  # fmt: skip
+             ("c", "caa"): 0.0, ("c", "prompt"): 0.4, ("a", "baseline"): 0.5}  # fmt: skip
     results = pd.DataFrame(
         [{"concept": c, "arm_name": arm, "metric": "h", "arm_mean": v} for (c, arm), v in means.items()]
         + [{"concept": "a", "arm_name": "caa", "metric": "other", "arm_mean": 9.0}]
     )
     (row,) = win_rates(results, objective="h", versus="prompt").to_dict("records")
-    assert row == {"arm_name": "caa", "win_rate": 0.5, "win_rate_concepts": 3}
+    assert row == {"arm_name": "caa", "win_rate": 0.5, "win_rate_concepts": 3}  # none for the baseline

@@ -113,3 +113,27 @@ def test_the_command_line_sets_arms_grid_and_concepts(tmp_path):
     assert concept_list(["joy", str(broken), str(concept_file)]) == ["joy", str(concept_file)]  # checked, left out
     with pytest.raises(ValueError, match="sweeps only"):
         _plan().take_arguments(["seed=1,2"])
+
+
+def test_a_concept_file_is_keyed_by_its_name_and_an_unswept_layer_is_recorded(tmp_path):
+    concept_file = tmp_path / "mine.yaml"
+    concept_file.write_text(concept_yaml(load_concept("joy")).replace("name: joy", "name: mine", 1))
+    plan = _plan(layers=[])
+    plan.default_layer = 7  # the model's steering_layer
+    plan.take_arguments([f"concept={concept_file}"])
+    jobs = plan.dev_jobs([])
+    assert {job.concept for job in jobs} == {"mine"}  # every study file keys it by its name, not its path
+    assert all(f"concept={concept_file}" in job.overrides for job in jobs)  # the jobs still read the file
+    caa = [job for job in jobs if job.arm_name == "caa_concept"]
+    assert [job.row()["point"] for job in caa] == ["strength=0.6 layer=7", "strength=1.2 layer=7"]
+    assert {job.row()["layer"] for job in caa} == {7}
+    assert not any("layer" in o for job in caa for o in job.overrides)  # recorded, never overridden
+    pasta = next(job for job in jobs if job.arm_name == "pasta")
+    assert pasta.row()["layer"] is None  # not a vector method: no layer to record
+
+
+def test_a_concept_file_with_a_syntax_error_is_refused_naming_the_line(tmp_path):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: broken\npairs: [\n  - prompt: a\n")
+    with pytest.raises(ValueError, match=r"broken\.yaml.*line"):
+        _plan().take_arguments([f"concept={broken}"])

@@ -209,7 +209,8 @@ class LayerVectorControl(FitsVector, StateControl):
         self._steering = steering
         self._vector, self._layout, self._layer = used, layout, layer
         self._deltas.clear()
-        logger.info("%s at layer %d, %s vector %s", name, layer, self.direction, used.content_hash[:12])
+        kind = "the vector" if self.direction == "vector" else f"the {self.direction} direction of the vector"
+        logger.info("%s at layer %d, multiplier %g: %s %s", name, layer, self.multiplier, kind, used.content_hash[:12])
         return used
 
     def _require_bound(self, method: str = "get_hooks") -> None:
