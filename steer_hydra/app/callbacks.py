@@ -37,7 +37,7 @@ from steer_hydra.app.results import delta_summary, summary_metrics, track
 from steer_hydra.app.secrets import redact_overrides
 from steer_hydra.app.tracking import wandb_key, wandb_run
 from steer_hydra.core.files import read_json, write_csv, write_json
-from steer_hydra.study import LAUNCHED_FILE
+from steer_hydra.study import LAUNCHED_FILE, PLANNED_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -321,13 +321,37 @@ def _track(config: DictConfig, out_dir: Path, records: Sequence[JobRecord], out:
 
 @dataclass
 class SweepProgress:
-    """Jobs done out of the sweep's total, for a sweep whose jobs run in this process."""
+    """Jobs done out of the sweep's total, for a sweep whose jobs run in this process; a study's total is its whole
+    plan (`planned_jobs.json`: each phase's job count, written before its first job), its phases in order."""
 
     total: int
     sweep_dir: Path
     done: int = 0
     started: float = field(default_factory=time.monotonic)
     pid: int = field(default_factory=os.getpid)  # a launcher that pickles the callback to its workers: not there
+    phases: dict[str, int] = field(default_factory=dict)  # a study's jobs per phase, in launch order
+
+    def job_done(self) -> str:
+        """Count one more job done; the progress line: `Sweep: k/N job(s) done (<phase> i/n) in Ts, about Ts left`."""
+        planned = self.sweep_dir / PLANNED_FILE  # a study: its whole plan; else the jobs launched so far, if listed
+        launched = launched_jobs(self.sweep_dir)
+        if planned.is_file():
+            self.phases = {str(k): int(v) for k, v in read_json(planned).items()}
+            self.total = sum(self.phases.values())
+        elif launched is not None:
+            self.total = max(self.total, len(launched))
+        self.done += 1
+        self.total = max(self.total, self.done)
+        phase, before = "", 0
+        for name, count in self.phases.items():
+            if self.done <= before + count:
+                phase = f" ({name} {self.done - before}/{count})"
+                break
+            before += count
+        elapsed = time.monotonic() - self.started
+        left = self.total - self.done
+        eta = f", about {elapsed / self.done * left:.0f}s left" if left > 0 else ""
+        return f"Sweep: {self.done}/{self.total} job(s) done{phase} in {elapsed:.0f}s{eta}"
 
 
 class SweepAggregator(Callback):
@@ -353,14 +377,7 @@ class SweepAggregator(Callback):
         progress = self._progress
         if progress is None or progress.pid != os.getpid():
             return
-        launched = launched_jobs(progress.sweep_dir)  # a sweeper that plans as it goes: the jobs launched so far
-        if launched is not None:
-            progress.total = max(progress.total, len(launched))
-        progress.done += 1
-        elapsed = time.monotonic() - progress.started
-        left = progress.total - progress.done
-        eta = f", about {elapsed / progress.done * left:.0f}s left" if left > 0 else ""
-        logger.info("Sweep: %d/%d job(s) done in %.0fs%s", progress.done, progress.total, elapsed, eta)
+        logger.info("%s", progress.job_done())
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         self._pending = None

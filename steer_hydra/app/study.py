@@ -3,7 +3,8 @@
 The study sweeper (`hydra/sweeper: study`, a shim in `hydra_plugins/`) calls `sweep_study`. The study itself
 (plan, selection, statistics, report) is `steer_hydra.study`; this module adds what needs the app: launching a
 batch of jobs with the configured launcher (basic, joblib, submitit...), reading each job's record, the
-`launched_jobs.json` the sweep aggregate reads, the console tables and W&B.
+`launched_jobs.json` the sweep aggregate reads, `planned_jobs.json` (the jobs of each phase, counted before any
+runs: the progress lines count over the whole study), the console tables and W&B.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from omegaconf import DictConfig, OmegaConf
 from steer_hydra.app.compose import to_plain
 from steer_hydra.app.records import JobRecord
 from steer_hydra.app.tracking import wandb_key, wandb_run
-from steer_hydra.study import LAUNCHED_FILE
+from steer_hydra.core.files import write_json
+from steer_hydra.study import LAUNCHED_FILE, PLANNED_FILE
 from steer_hydra.study.plan import Job, StudyPlan
 from steer_hydra.study.report import costs_table, study_table, summary_table
 from steer_hydra.study.run import run_study
@@ -75,6 +77,7 @@ def sweep_study(spec: Mapping[str, Any], arguments: Sequence[str], config: DictC
     sweep_dir = Path(config.hydra.sweep.dir).absolute()
     sweep_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(config, sweep_dir / "multirun.yaml")
+    write_json(sweep_dir / PLANNED_FILE, plan.job_counts(passthrough))  # the progress lines' whole-study total
     out = run_study(plan, passthrough, HydraLauncher(launcher, sweep_dir), sweep_dir / STUDY_DIR)
     if not out["results"].empty:
         logger.info("Study per concept (point chosen on dev, reported on test):\n%s", study_table(out["results"]))
@@ -86,7 +89,7 @@ def sweep_study(spec: Mapping[str, Any], arguments: Sequence[str], config: DictC
 
 
 def track_study(config: DictConfig, out_dir: Path, out: Mapping[str, Any]) -> None:
-    """One W&B run (job_type `study_selection`) holding the study's tables, summary numbers and plots."""
+    """One W&B run (job_type `study_selection`) holding the study's tables, summary numbers, plots and page."""
     run = wandb_run(
         config,
         directory=out_dir,
@@ -107,9 +110,11 @@ def track_study(config: DictConfig, out_dir: Path, out: Mapping[str, Any]) -> No
                 if key in r
             }
         )
-        for name in ("selection", "results", "summary", "costs", "costs_summary"):
+        for name in ("selection", "results", "summary", "costs", "costs_summary", "strength_curves"):
             if not out[name].empty:
                 tracker.table(wandb_key("tables", f"study_{name}"), out[name])
         plots = {k: v for k, v in out["paths"].items() if k.startswith("plot_")}
         if plots:
             tracker.images({wandb_key("plots", name.removeprefix("plot_")): path for name, path in plots.items()})
+        if "page" in out["paths"]:
+            tracker.html(wandb_key("pages", "study"), out["paths"]["page"])

@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 MODES = ("auto", "online", "offline", "disabled")
 DEFAULT_INIT_TIMEOUT = 30.0  # seconds an online init may take before falling back to offline
-SECTIONS = ("delta", "delta_ci_low", "delta_ci_high", "plots", "tables")
+SECTIONS = ("delta", "delta_ci_low", "delta_ci_high", "plots", "tables", "pages")
 
 
 def wandb_key(section: str | None, *parts: Any) -> str:
@@ -42,7 +42,7 @@ def wandb_key(section: str | None, *parts: Any) -> str:
 
     Metrics: `wandb_key(None, suite, task, scorer, metric)` -> `<suite>/<task>/<scorer>/<metric>`; paired deltas
     and their 95% CI bounds: `wandb_key("delta" | "delta_ci_low" | "delta_ci_high", suite, task, scorer, metric)`;
-    media: `wandb_key("plots" | "tables", name)`. A part's own `/` (a registry task name such as
+    media: `wandb_key("plots" | "tables" | "pages", name)`. A part's own `/` (a registry task name such as
     `steer_hydra/mcqa`) becomes `.`, so every key has a fixed number of parts.
     """
     if section is not None and section not in SECTIONS:
@@ -243,6 +243,18 @@ class Tracker:
             self.run.log({key: wandb.Image(str(path)) for key, path in paths.items()})
 
         self._guard("images", log)
+
+    def html(self, key: str, path: str | os.PathLike) -> None:
+        """Log the HTML page at `path` (a `.html` file) as `wandb.Html`."""
+        if self.run is None or not Path(path).is_file():
+            return
+
+        def log() -> None:
+            import wandb
+
+            self.run.log({key: wandb.Html(str(path))})
+
+        self._guard("html", log)
 
     def artifact(self, name: str, kind: str, directory: str | os.PathLike) -> None:
         if self.run is None or not Path(directory).exists():

@@ -258,6 +258,12 @@ class StudyPlan:
                     jobs.append(self._job(passthrough, stage, concept, arm, point, suite))
         return jobs
 
+    def job_counts(self, passthrough: Sequence[str]) -> dict[str, int]:
+        """`{"dev": n, "report": m}`: the jobs of each phase, known before any runs (the report jobs are concepts x
+        (test and cost suites) x arms whatever points dev chooses)."""
+        anywhere = {(self.concept_name(c), m): Point() for c in self.concepts for m in self.methods()}
+        return {"dev": len(self.dev_jobs(passthrough)), "report": len(self.report_jobs(passthrough, anywhere))}
+
     def _chosen(self, choices: Mapping[tuple[str, str], Point], concept: str, arm: str) -> Point:
         method = self.follows.get(arm, arm)
         if (concept, method) not in choices:

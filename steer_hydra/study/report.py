@@ -14,7 +14,10 @@ launched for several concepts (the baseline on a cost suite) gives its rows to e
    its test objective is higher; a tie counts a half);
 4. writes `selection.csv` (every dev point, the chosen ones flagged), `selection.json` (the objective, the choices,
    each concept's dev and test sample ids), `study_results.csv`, `study_summary.csv`, `capability_costs.csv`,
-   `costs_summary.csv`, `study_deltas.png` and `pareto.png` (concept objective against capability cost).
+   `costs_summary.csv`, `study_deltas.png` and `pareto.png` (concept objective against capability cost);
+5. writes the dev objective against strength per method (and layer), per concept and over concepts, with 95%
+   intervals (`curves.strength_curves`): `strength_curves.csv` and `strength_curves.png`;
+6. writes `index.html` (`page.write_page`): the tables, the plots and the command that bundles the logs.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ import pandas as pd
 from steer_hydra.analysis.compare import cell_samples, numeric_score_columns
 from steer_hydra.analysis.stats import concept_deltas, degenerate_rate, paired_deltas
 from steer_hydra.core.files import write_csv, write_json
+from steer_hydra.study.curves import strength_curves
+from steer_hydra.study.page import write_page
 from steer_hydra.study.plan import AXES
 from steer_hydra.study.selection import Objective, select_points
 from steer_hydra.tasks.concept_steering import FLUENCY, OBJECTIVE, SCORES
@@ -114,11 +119,14 @@ def write_study(
     baseline: str = "baseline",
     prompt_arm: str | None = "prompt_concept",
     n_resamples: int = 10_000,
+    save_dir: str | Path | None = None,
 ) -> dict[str, Any]:
     """Choose on dev, report on test and the cost suites, summarise over concepts; write the files to `out_dir`.
 
-    `scores` defaults to the rule scores and, where a judge scored the task, the judge's (`study_scores`).
-    Returns the tables (`selection`, `results`, `summary`, `costs`, `costs_summary`), the provenance and the paths.
+    `scores` defaults to the rule scores and, where a judge scored the task, the judge's (`study_scores`);
+    `save_dir` (where the jobs' logs are) puts the command that bundles its logs on the page.
+    Returns the tables (`selection`, `results`, `summary`, `costs`, `costs_summary`, `strength_curves`), the
+    provenance and the paths.
     """
     out_dir = Path(out_dir)
     scores = list(scores) if scores is not None else study_scores(frame)
@@ -130,6 +138,7 @@ def write_study(
     if any(overlap.values()):
         raise ValueError(f"Dev and test share sample ids {overlap}: the dev suite and the test suite must be disjoint.")
     selection = select_points(dev, objective, methods=methods, follows=follows)
+    curves = strength_curves(dev, objective.metric, n_resamples=n_resamples)
     results = per_concept_deltas(test, scores, baseline, n_resamples) if not test.empty else pd.DataFrame()
     summary = pd.DataFrame()
     if not results.empty:
@@ -165,6 +174,7 @@ def write_study(
         "study_summary": summary,
         "capability_costs": costs,
         "costs_summary": costs_summary,
+        "strength_curves": curves,
     }
     paths = {}
     for name, table in tables.items():
@@ -178,6 +188,13 @@ def write_study(
         paths["plot_pareto"] = plot_pareto(
             results, costs, out_dir / "pareto.png", objective=objective.metric, baseline=baseline
         )
+    if not curves.empty:
+        paths["plot_strength_curves"] = plot_strength_curves(
+            curves, out_dir / "strength_curves.png", objective=objective.metric
+        )
+    paths["page"] = write_page(
+        out_dir, concepts=provenance["concepts"], tables=tables, objective=objective.metric, save_dir=save_dir
+    )
     logger.info(
         "Study: %d concept(s); points chosen on %d dev sample(s), reported on %d test sample(s); files in %s",
         frame["concept"].nunique(),
@@ -191,6 +208,7 @@ def write_study(
         "summary": summary,
         "costs": costs,
         "costs_summary": costs_summary,
+        "strength_curves": curves,
         "provenance": provenance,
         "paths": paths,
     }
@@ -251,6 +269,48 @@ def plot_pareto(
     ax.set_ylabel(f"{objective} delta vs baseline (up is better)")
     ax.set_title("concept gain against capability cost (small: one concept)")
     ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+MAX_CURVE_PANELS = 24  # concept panels drawn beside the over-concepts one; every concept is in the CSV
+
+
+def plot_strength_curves(curves: pd.DataFrame, path: Path, *, objective: str) -> Path:
+    """The dev objective against strength with its 95% interval (`curves.strength_curves`): the over-concepts panel,
+    then one per concept (the first `MAX_CURVE_PANELS` by name); one line per method (and per layer when layers
+    were swept), in the same colour in every panel."""
+    import matplotlib.pyplot as plt
+
+    from steer_hydra.study.curves import OVER_CONCEPTS, curve_label
+
+    concepts = sorted(c for c in curves["concept"].unique() if c != OVER_CONCEPTS)
+    panels = [OVER_CONCEPTS, *concepts[:MAX_CURVE_PANELS]]
+    lines = sorted({curve_label(r.arm_name, r.layer) for r in curves.itertuples(index=False)})
+    colors = {label: f"C{i % 10}" for i, label in enumerate(lines)}
+    ncols = min(4, len(panels))
+    nrows = math.ceil(len(panels) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3.6 * ncols, 2.8 * nrows), squeeze=False, sharey=True)
+    for ax, concept in zip(axes.flat, panels, strict=False):
+        groups = curves[curves["concept"] == concept].groupby(["arm_name", "layer"], sort=True, dropna=False)
+        for (arm, layer), rows in groups:
+            rows = rows.sort_values("strength")
+            label, mean = curve_label(arm, layer), rows["mean"].to_numpy(dtype=float)
+            spread = [(mean - rows["ci_low"]).clip(lower=0), (rows["ci_high"] - mean).clip(lower=0)]
+            ax.errorbar(rows["strength"], mean, yerr=spread, marker="o", capsize=2, color=colors[label], label=label)
+            ax.fill_between(rows["strength"], rows["ci_low"], rows["ci_high"], color=colors[label], alpha=0.15)
+        ax.set_title("over concepts" if concept == OVER_CONCEPTS else str(concept), fontsize=9)
+        ax.set_xlabel("strength", fontsize=8)
+    for ax in axes.flat[len(panels) :]:
+        ax.set_visible(False)
+    for row in axes:
+        row[0].set_ylabel(f"{objective} on dev", fontsize=8)
+    axes[0][0].legend(fontsize=7, loc="best")
+    shown = "" if len(concepts) <= MAX_CURVE_PANELS else f"; {MAX_CURVE_PANELS} of {len(concepts)} concepts shown"
+    fig.suptitle(f"{objective} on dev against strength, 95% CI{shown}", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)

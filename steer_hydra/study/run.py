@@ -103,12 +103,14 @@ def report_study(out_dir: str | Path) -> dict[str, Any]:
 
 
 def _report(plan: StudyPlan, launched: pd.DataFrame, out_dir: Path) -> dict[str, Any]:
+    save_dir = save_dir_of(launched)
     return write_study(
-        study_frame(save_dir_of(launched), launched),
+        study_frame(save_dir, launched),
         out_dir,
         objective=Objective(plan.objective, plan.maximize),
         methods=plan.methods(),
         follows={arm: method for arm, method in plan.follows.items() if arm in plan.arms},
         baseline=plan.baseline,
         prompt_arm=plan.prompt_arm if plan.prompt_arm in plan.arms else None,
+        save_dir=save_dir,
     )
