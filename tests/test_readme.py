@@ -115,7 +115,7 @@ def test_readme_starts_with_the_two_commands():
     lang, body = fenced_blocks(README.read_text())[0]
     assert lang == "bash"
     assert [shlex.join(c) for c in commands(body)] == [
-        "scripts/setup.sh", "python -m steer_hydra", "scripts/setup.sh --dev", "python -m pytest -q",
+        "scripts/setup.sh", "python -m steer_hydra", "scripts/setup.sh --dev", "scripts/test.sh",
     ]  # fmt: skip
 
 

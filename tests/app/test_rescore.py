@@ -145,6 +145,7 @@ def test_rescoring_a_save_dir_judges_without_generating_and_adds_only_score_rows
     assert generations["generate"] == 0
 
 
+@pytest.mark.slow
 def test_a_pipeline_judge_serves_every_log_and_an_unparseable_judge_leaves_samples_unscored(
     compose_cfg, tmp_path, generations
 ):

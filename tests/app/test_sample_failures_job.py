@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+import pytest
+
 TASK_FILE = """
 import os
 from pathlib import Path
@@ -38,6 +40,7 @@ def _rows(path: Path) -> list[dict]:
     return list(csv.DictReader(path.open(newline="")))
 
 
+@pytest.mark.slow
 def test_a_poison_sample_fails_alone_and_a_rerun_retries_only_it(run_app, tmp_path):
     task_file = tmp_path / "fragile.py"
     task_file.write_text(TASK_FILE)
