@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from steer_hydra.store import SaveDir
+
 PAGE = "index.html"
 PAGE_TABLES = ("study_summary", "costs_summary", "selection", "study_results")  # in page order
 PAGE_PLOTS = ("strength_curves.png", "study_deltas.png", "pareto.png")
@@ -27,7 +29,7 @@ def _number(value: float) -> str:
 
 def bundle_command(save_dir: str | Path, out_dir: str | Path) -> str:
     """The command that writes Inspect's static log viewer of `save_dir`'s logs into `<out_dir>/logs_bundle`."""
-    logs, bundle = Path(save_dir) / "inspect_logs", Path(out_dir).absolute() / "logs_bundle"
+    logs, bundle = SaveDir(save_dir).logs_root, Path(out_dir).absolute() / "logs_bundle"
     return shlex.join(["inspect", "view", "bundle", "--log-dir", str(logs), "--output-dir", str(bundle), "--overwrite"])
 
 
