@@ -76,11 +76,23 @@ def keep(key: str, value: Any, *, label: str, close: Callable[[Any], None] | Non
     freed first."""
     global _held
     with _lock:
-        if _held is not None and _held.key == key and _held.value is value:
+        if _held is not None and _held.key == key and _same(_held.value, value):  # handed back: nothing to free
             return
     drop()
     with _lock:
         _held = _Held(key, label, value, close)
+
+
+def _same(held: Any, value: Any) -> bool:
+    """Whether `value` is the resident base itself (a tuple of the same objects counts: callers rebuild it)."""
+    if held is value:
+        return True
+    return (
+        isinstance(held, tuple)
+        and isinstance(value, tuple)
+        and len(held) == len(value)
+        and all(a is b for a, b in zip(held, value, strict=True))
+    )
 
 
 def holds(key: str | None = None) -> bool:

@@ -1,0 +1,24 @@
+"""The resident base: handing the same base back (a rebuilt tuple of the same objects) closes nothing; another base
+under the key, or another key, closes the one held first."""
+
+from __future__ import annotations
+
+import logging
+
+from steer_hydra.core import resident
+
+
+def test_handing_the_base_back_closes_nothing_and_a_new_one_closes_the_old(caplog):
+    closed = []
+    engine, loop = object(), object()
+    resident.configure(True)
+    with caplog.at_level(logging.INFO, logger="steer_hydra.core.resident"):
+        resident.keep("k", (engine, loop), label="engine", close=closed.append)
+        held = resident.take("k")
+        assert held == (engine, loop)
+        resident.keep("k", (held[0], held[1]), label="engine", close=closed.append)  # a job hands it back
+        assert closed == [] and resident.holds("k")
+        assert not any("Freeing" in r.getMessage() for r in caplog.records)
+        resident.keep("k", (object(), loop), label="engine", close=closed.append)  # another engine, same key
+        assert closed == [(engine, loop)]
+        assert resident.take("other") is None and len(closed) == 2 and not resident.holds()
