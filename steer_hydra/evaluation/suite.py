@@ -231,7 +231,14 @@ class InspectSuite:
             tasks, kwargs = _with_scorers(tasks, kwargs, scorers)
         # in a copy of this context: what Inspect binds for the run (its model roles: a judge) ends with it, so a
         # later evaluation or scorer in this process never sees another run's judge
-        success, logs = contextvars.copy_context().run(eval_set, tasks, log_dir=str(log_dir), **kwargs)
+        try:
+            success, logs = contextvars.copy_context().run(eval_set, tasks, log_dir=str(log_dir), **kwargs)
+        except EvaluationInterrupted:
+            raise
+        except KeyboardInterrupt:  # an interrupt Inspect passed on instead of returning a cancelled log
+            names = [task_name(task) for task in tasks]
+            cancelled = [task for task in _cancelled_on_disk(log_dir) if task in names]
+            raise _interrupted(cancelled or names, log_dir) from None
         _check_finished(tasks, logs, log_dir, success)
         if success:
             return list(logs)
@@ -284,13 +291,17 @@ def _check_finished(tasks: Sequence[Any], logs: Sequence[Any], log_dir: Path, su
     cancelled += [task for task in _cancelled_on_disk(log_dir) if task not in cancelled]
     unfinished = list(dict.fromkeys([*cancelled, *missing]))
     if cancelled:
-        raise EvaluationInterrupted(
-            f"Interrupted: task(s) {', '.join(unfinished)} did not finish; the samples that did are kept in the "
-            f"logs under {log_dir}. Re-running the same command evaluates only the rest."
-        )
+        raise _interrupted(unfinished, log_dir)
     raise RuntimeError(
         f"Inspect eval_set returned no log for task(s) {', '.join(missing)} (logs under {log_dir}), so the run is "
         "incomplete and no result is reported. Fix: re-run the same command; it resumes from the logs."
+    )
+
+
+def _interrupted(unfinished: Sequence[str], log_dir: Path) -> EvaluationInterrupted:
+    return EvaluationInterrupted(
+        f"Interrupted: task(s) {', '.join(unfinished)} did not finish; the samples that did are kept in the "
+        f"logs under {log_dir}. Re-running the same command evaluates only the rest."
     )
 
 

@@ -3,7 +3,6 @@ again, only score rows added to the tables, agreement with the rule scores, no j
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import importlib.util
 import time
@@ -22,7 +21,6 @@ from steer_hydra.core.errors import ConfigError
 from steer_hydra.core.files import read_json
 from steer_hydra.core.pipeline import SteeringPipeline
 from steer_hydra.evaluation.provider import SteeringPipelineModelAPI
-from steer_hydra.tasks import judge as judge_module
 
 JOB = ["model=tiny", "suite=concept_steering", "suite.limit=3", "suite.generate_overrides.max_tokens=6"]
 QUIET = ["progress=false", "logger=none"]
@@ -237,9 +235,8 @@ def test_no_judge_changes_nothing(compose_cfg, tmp_path):
 )
 def test_smollm2_judges_a_tiny_job_end_to_end_offline(compose_cfg, tmp_path, generations, monkeypatch):
     # replies of at most 48 tokens (SmolLM2 writes up to the 512 of the default on 2 cores for minutes)
-    short = functools.partial(judge_module.concept_judge, max_tokens=48)
-    monkeypatch.setattr(judge_module, "concept_judge", short)
-    out = _job(compose_cfg, tmp_path, "smollm2_judged", "judge=steer_hydra/smollm2", "suite.limit=1")
+    short = "judge_options.max_tokens=48"
+    out = _job(compose_cfg, tmp_path, "smollm2_judged", "judge=steer_hydra/smollm2", "suite.limit=1", short)
     results = _csv(out / "results.csv")
     judged = results[results["scorer"].isin(JUDGE_ROWS)]
     assert set(judged["scorer"]) == set(JUDGE_ROWS)  # the ratings mean nothing; the path is real
@@ -253,7 +250,7 @@ def test_smollm2_judges_a_tiny_job_end_to_end_offline(compose_cfg, tmp_path, gen
     assert generations["generate"] >= 4  # the answer, then at least one call per criterion
     # a rescore of the save_dir with the same judge: its pipeline loads, and every reply comes from the cache
     generations.update(steer=0, generate=0)
-    result = rescore(save_dir, "steer_hydra/smollm2")
+    result = rescore(save_dir, "steer_hydra/smollm2", options=JudgeOptions(max_tokens=48))
     assert result.samples == 1 and (out / "agreement.csv").is_file()
     assert generations == {"steer": 1, "generate": 0}
 

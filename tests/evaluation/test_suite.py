@@ -223,6 +223,25 @@ def test_a_successful_eval_set_missing_a_task_is_never_a_result(monkeypatch, fak
         suite.run(object(), log_dir=tmp_path)
 
 
+def test_an_interrupt_inspect_passes_on_is_the_same_named_interrupt(monkeypatch, fake_inspect, tmp_path):
+    """Ctrl-C can also reach us as Inspect's own KeyboardInterrupt (not a cancelled log): the same one line."""
+    import inspect_ai
+
+    import steer_hydra.evaluation.suite as suite_module
+    from steer_hydra.evaluation.suite import EvaluationInterrupted
+
+    def interrupted(tasks, log_dir, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(inspect_ai, "eval_set", interrupted)
+    monkeypatch.setattr(suite_module, "_cancelled_on_disk", lambda log_dir: ["t/b"])
+    with pytest.raises(EvaluationInterrupted, match=r"task\(s\) t/b did not finish; the samples that did are kept"):
+        InspectSuite(name="s", tasks=("t/a", "t/b")).run(object(), log_dir=tmp_path)
+    monkeypatch.setattr(suite_module, "_cancelled_on_disk", lambda log_dir: [])
+    with pytest.raises(EvaluationInterrupted, match=r"task\(s\) t/a, t/b did not finish"):
+        InspectSuite(name="s", tasks=("t/a", "t/b")).run(object(), log_dir=tmp_path)
+
+
 # ------------------------------------------------------------------------------------------ 94-95 flattening
 def test_flattening_keys_metrics_by_scorer_and_keeps_stderr(tmp_path):
     logs = [
