@@ -10,7 +10,8 @@ the arms that follow them at the chosen point, on the test suite and each cost s
 - attention methods (`attention_methods`: PASTA) sweep `alpha` (`arm.controls.pasta.alpha`);
 - methods with a strength of their own (`grids`: `{arm: {axis: [values]}}`) sweep those axes: ITI's `iti_alpha`
   (`arm.controls.iti.alpha`), angular steering's `angle` (`arm.controls.angular.angle`, degrees), CAST's
-  `cast_strength` (`arm.controls.cast.multiplier`);
+  `cast_strength` (`arm.controls.cast.multiplier`), and the trained arms' learning rates `sft_lr`, `dpo_lr` and
+  `reft_lr` (`arm.controls.<sft|dpo|reft>.learning_rate`: one adapter trained per point, on the training pairs);
 - a point lists its axes in `AXES` order; grid order is each axis from its smallest magnitude, the first axis
   slowest, so ties in the objective go to the gentlest intervention.
 
@@ -42,6 +43,9 @@ AXES = {
     "iti_alpha": "arm.controls.iti.alpha",
     "angle": "arm.controls.angular.angle",
     "cast_strength": "arm.controls.cast.multiplier",
+    "sft_lr": "arm.controls.sft.learning_rate",
+    "dpo_lr": "arm.controls.dpo.learning_rate",
+    "reft_lr": "arm.controls.reft.learning_rate",
 }
 STAGES = ("dev", "test", "cost")
 

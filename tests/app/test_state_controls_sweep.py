@@ -83,3 +83,36 @@ def test_the_study_refuses_a_grid_on_an_unknown_axis():
 def test_the_adapter_option_is_caa_as_shipped(compose_cfg):
     (control,) = JobPlan.from_config(compose_cfg(["arm=activation_adapter"])).controls
     assert isinstance(control, ActivationAdapter) and control.transform == "add" and list(control.sites) == ["output"]
+
+
+def test_the_trained_arms_choose_their_learning_rate_on_dev_and_report_at_it(study):
+    from steer_hydra.controls.structural import DPOAdapter, SFTAdapter
+    from steer_hydra.controls.trained import LoReFT
+
+    cfg = study(return_hydra_config=True)
+    plan = StudyPlan(**{key: _plain(value) for key, value in instantiate(cfg.hydra.sweeper).spec.items()})
+    plan.take_arguments(["arm=baseline,caa_concept,sft_concept,dpo_concept,reft_concept"])
+    assert plan.methods() == ["caa_concept", "sft_concept", "dpo_concept", "reft_concept"]
+    expected = {
+        "sft_concept": ("sft_lr", "arm.controls.sft.learning_rate", SFTAdapter),
+        "dpo_concept": ("dpo_lr", "arm.controls.dpo.learning_rate", DPOAdapter),
+        "reft_concept": ("reft_lr", "arm.controls.reft.learning_rate", LoReFT),
+    }
+    dev = plan.dev_jobs([])
+    for arm, (axis, key, control_class) in expected.items():
+        points = plan.grid(arm)
+        values = [p.values[0][1] for p in points]
+        assert [p.values[0][0] for p in points] == [axis, axis] and values == sorted(values)  # the gentlest first
+        jobs = [job for job in dev if job.arm_name == arm and job.suite == "concept_steering_dev"]
+        assert [job.point for job in jobs] == points  # one adapter per learning rate, chosen on dev
+        ids = set()
+        for job, value in zip(jobs, values, strict=True):
+            assert f"{key}={value!r}" in job.overrides
+            (control,) = JobPlan.from_config(study(f"arm={arm}", f"{key}={value!r}", "concept=joy")).controls
+            assert isinstance(control, control_class) and control.learning_rate == value
+            assert list(control.data) == concept_pairs("joy")  # the training pairs, never dev or test rows
+            ids.add(control.learning_rate)
+        assert len(ids) == 2
+    chosen = {("weddings", arm): plan.grid(arm)[1] for arm in plan.methods()}
+    report = {(j.arm_name, j.stage): j.point for j in plan.report_jobs([], chosen)}
+    assert report[("sft_concept", "test")] == report[("sft_concept", "cost")] == plan.grid("sft_concept")[1]
