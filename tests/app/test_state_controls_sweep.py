@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from app_helpers import SMALL, check_arms_beside_baseline, sweep_dir, write_arms
 from hydra.utils import instantiate
-from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from steer_hydra.app.compose import to_plain
 from steer_hydra.app.plan import JobPlan
 from steer_hydra.controls.state import CAST, ITI, ActivationAdapter, AngularSteering
 from steer_hydra.study.plan import StudyPlan
@@ -34,14 +34,15 @@ def test_each_new_state_control_runs_in_one_sweep_beside_the_baseline_on_tiny(ru
     check_arms_beside_baseline(sweep_dir(tmp_path), ARMS, out)
 
 
-def _plain(value):
-    return OmegaConf.to_container(value, resolve=True) if isinstance(value, (DictConfig, ListConfig)) else value
+def _study_plan(study, arms: str) -> StudyPlan:
+    """The concept study's plan (the preset's sweeper) with the command line's `arm=<arms>`."""
+    plan = StudyPlan(**to_plain(instantiate(study(return_hydra_config=True).hydra.sweeper).spec))
+    plan.take_arguments([f"arm={arms}"])
+    return plan
 
 
 def test_the_concept_arms_join_the_study_with_their_own_strength_axes(study):
-    cfg = study(return_hydra_config=True)
-    plan = StudyPlan(**{key: _plain(value) for key, value in instantiate(cfg.hydra.sweeper).spec.items()})
-    plan.take_arguments(["arm=baseline,caa_concept,iti_concept,angular_concept,cast_concept"])
+    plan = _study_plan(study, "baseline,caa_concept,iti_concept,angular_concept,cast_concept")
     assert plan.methods() == ["caa_concept", "iti_concept", "angular_concept", "cast_concept"]
     expected = {
         "iti_concept": ("iti_alpha", "arm.controls.iti.alpha", ITI, "alpha"),
@@ -89,9 +90,7 @@ def test_the_trained_arms_choose_their_learning_rate_on_dev_and_report_at_it(stu
     from steer_hydra.controls.structural import DPOAdapter, SFTAdapter
     from steer_hydra.controls.trained import LoReFT
 
-    cfg = study(return_hydra_config=True)
-    plan = StudyPlan(**{key: _plain(value) for key, value in instantiate(cfg.hydra.sweeper).spec.items()})
-    plan.take_arguments(["arm=baseline,caa_concept,sft_concept,dpo_concept,reft_concept"])
+    plan = _study_plan(study, "baseline,caa_concept,sft_concept,dpo_concept,reft_concept")
     assert plan.methods() == ["caa_concept", "sft_concept", "dpo_concept", "reft_concept"]
     expected = {
         "sft_concept": ("sft_lr", "arm.controls.sft.learning_rate", SFTAdapter),
