@@ -63,7 +63,7 @@ def write_page(
         csv = f"{name}.csv"
         link = f' (<a href="{esc(csv)}">{esc(csv)}</a>)' if (out_dir / csv).is_file() else ""
         shown = table.dropna(axis=1, how="all")  # axes no point of the study uses
-        body = shown.where(shown.notna()).to_html(index=False, escape=True, na_rep="", float_format=_number, border=0)
+        body = shown.to_html(index=False, escape=True, na_rep="", float_format=_number, border=0)
         fold = " open" if len(table) <= OPEN_ROWS else ""
         parts.append(f"<details{fold}><summary>{esc(name)}, {len(table)} row(s){link}</summary>{body}</details>")
     if save_dir is not None:
