@@ -333,13 +333,14 @@ class SweepProgress:
 
     def job_done(self) -> str:
         """Count one more job done; the progress line: `Sweep: k/N job(s) done (<phase> i/n) in Ts, about Ts left`."""
-        planned = self.sweep_dir / PLANNED_FILE  # a study: its whole plan; else the jobs launched so far, if listed
-        launched = launched_jobs(self.sweep_dir)
-        if planned.is_file():
+        planned = self.sweep_dir / PLANNED_FILE  # a study: its whole plan (written once, before its first job)
+        if not self.phases and planned.is_file():
             self.phases = {str(k): int(v) for k, v in read_json(planned).items()}
             self.total = sum(self.phases.values())
-        elif launched is not None:
-            self.total = max(self.total, len(launched))
+        elif not self.phases:  # else the jobs launched so far, if listed
+            launched = launched_jobs(self.sweep_dir)
+            if launched is not None:
+                self.total = max(self.total, len(launched))
         self.done += 1
         self.total = max(self.total, self.done)
         phase, before = "", 0
