@@ -60,7 +60,8 @@ def freeze_long_lived_objects() -> None:
 
     Releasing a model runs `gc.collect()`; with the imports of torch, transformers and Inspect frozen, each collection
     scans only what the job created (0.1 s instead of 0.6 s on a 2-core CPU). Objects freed by reference counting
-    are freed as before."""
+    are freed as before. After an earlier job's `memory_report` (which collected everything and froze what was alive)
+    this collection scans only what was made since."""
     import gc
 
     gc.collect()
@@ -69,7 +70,11 @@ def freeze_long_lived_objects() -> None:
 
 def memory_report() -> dict[str, Any]:
     """This process's resident memory (MiB, Linux), how many transformers models are still alive, and the base
-    model or engine kept for the next job (`core.resident`; None with `residency=false`)."""
+    model or engine kept for the next job (`core.resident`; None with `residency=false`).
+
+    Every object frozen at the job's start is unfrozen and collected with the rest (so nothing stays exempt from
+    collection longer than one job), then what is still alive is frozen again: the next job's start then collects
+    only what was made in between."""
     import gc
 
     from transformers import PreTrainedModel
@@ -81,6 +86,7 @@ def memory_report() -> dict[str, Any]:
     if statm.exists():
         rss = int(statm.read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
     live = sum(1 for obj in gc.get_objects() if issubclass(type(obj), PreTrainedModel))  # type(): no lazy attrs
+    gc.freeze()
     return {"pid": os.getpid(), "rss_mib": rss, "live_models": live, "resident": resident.resident_label()}
 
 

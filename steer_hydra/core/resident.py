@@ -108,7 +108,10 @@ def resident_label() -> str | None:
 
 
 def drop() -> None:
-    """Free the resident base, if any (its `close`, then a garbage collection and the CUDA cache)."""
+    """Free the resident base, if any (its `close`, then a garbage collection and the CUDA cache).
+
+    The collection first unfreezes what a job froze (`gc.freeze`: the resident base is alive when a job starts), or
+    a base held in a reference cycle would outlive the drop."""
     global _held
     with _lock:
         held, _held = _held, None
@@ -121,6 +124,7 @@ def drop() -> None:
         except Exception:  # noqa: BLE001 - freeing must not fail the job that needs the memory
             logger.exception("Closing the resident %s failed.", held.label)
     del held
+    gc.unfreeze()
     gc.collect()
     try:
         import torch
