@@ -88,6 +88,10 @@ class BackendSpec:
         what a save_dir protocol records, so a changed server address or timeout does not count as a new protocol."""
         return backend_class(self.kind).protocol_options(self.options)
 
+    def keeps_resident(self) -> bool:
+        """Whether the backend keeps what it loads resident itself (`Backend.keeps_resident`)."""
+        return backend_class(self.kind).keeps_resident
+
 
 def backend_class(kind: str) -> type[Backend]:
     """Import and return the backend class registered for `kind` (no heavy imports happen here)."""
@@ -108,6 +112,9 @@ class Backend(ABC):
         supports_refill: it implements `refill_engine` (slot refill between decode steps).
         streams: concurrent `generate` calls from several threads are safe and its engine batches them itself
             (continuous batching across calls), so the provider may hand it each request as it arrives.
+        keeps_resident: it keeps what it loads resident for the next job itself (`core.resident`: `take` of its
+            own key, which frees any other base first, and `keep` when it closes), so a sweep must not drop the
+            resident base before it loads.
     And what it overrides when the default does not fit: `protocol_options` (which options bear on generation),
     `rollout` (decoding drivers), `requirements_of`, `steer_control`, `state_hooks` and `applied` (how state
     controls run on it), `ready` (start an engine once the controls are prepared), `identity`, `release`.
@@ -119,6 +126,7 @@ class Backend(ABC):
     batches_distinct_seeds: ClassVar[bool] = False
     supports_refill: ClassVar[bool] = False
     streams: ClassVar[bool] = False
+    keeps_resident: ClassVar[bool] = False
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         self.options = dict(options or {})

@@ -269,7 +269,8 @@ class PipelineFactory:
                 self.source, controls, self.backend, model=self._base_model, tokenizer=self._base_tokenizer
             )
         self.release()  # a configuration with its own model: never hold two models at once
-        resident.drop()
+        if not self.backend.keeps_resident():  # one that does frees any other base itself, and reuses its own
+            resident.drop()
         return SteeringPipeline(self.source, controls, self.backend)
 
     @property

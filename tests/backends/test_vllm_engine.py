@@ -5,6 +5,7 @@ sampling fields, stops, steering inside the engine, and a full Inspect eval. One
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -72,6 +73,39 @@ def test_a_batch_mixing_steered_and_unsteered_requests_gives_each_row_what_it_ge
     steered_hf, plain_hf = rows(tiny64_hf, generate(tiny64_hf, ("CAA",))), rows(tiny64_hf, generate(tiny64_hf))
     expected = [steered_hf[i] if i % 2 == 0 else plain_hf[i] for i in range(len(prompts))]
     assert agreement("offline mixed batch", expected, mixed) >= MIN_AGREEMENT
+
+
+def test_a_study_phases_mix_of_configurations_in_one_engine_call_gives_each_request_what_it_gets_alone(tiny64_engine):
+    """The requests of a concept study's phase on the same prompts: the baseline, the concept vector at two strengths,
+    its negation and a random direction of the same norm, and an instruction before the prompt (the prompting arm).
+    In one engine call each request gets what it gets alone, and every configuration changes something."""
+    backend, tokenizer = tiny64_engine._backend, tiny64_engine.tokenizer
+    caa = next(c for c in tiny64_engine.state_controls if isinstance(c, CAA))
+    (addition,) = lower(caa)
+    norm = addition.rows.norm()
+    direction = torch.randn(addition.rows.shape, generator=torch.Generator().manual_seed(11))
+    random_rows = direction / direction.norm() * norm
+    arms = {
+        "baseline": None,
+        "caa@0.6": dataclasses.replace(addition, rows=addition.rows * 0.6),
+        "caa@0.9": dataclasses.replace(addition, rows=addition.rows * 0.9),
+        "negated@0.9": dataclasses.replace(addition, rows=addition.rows * -0.9),
+        "random@0.9": dataclasses.replace(addition, rows=random_rows * 0.9),
+    }
+    prompts = chat_prompts(tokenizer)
+    # the prompting arm's instruction joins the prompt's tokens (the input control renders it into the chat)
+    prompted = [tokenizer.encode("Talk about weddings.", add_special_tokens=False) + p for p in prompts]
+    params = sampling_fields(GenerationParams.from_kwargs(max_new_tokens=16))
+    requests = [(arm, p, params | (steering_fields([a], len(p)) if a is not None else {}))
+                for arm, a in arms.items() for p in prompts]  # fmt: skip
+    requests += [("prompt_concept", p, params) for p in prompted]
+    together = backend._complete([p for _, p, _ in requests], [f for _, _, f in requests])
+    alone = [backend._complete([p], [f])[0] for _, p, f in requests]
+    assert [c[0] for c in together] == [c[0] for c in alone]
+    by_arm: dict[str, list] = {}
+    for (arm, _, _), out in zip(requests, together, strict=True):
+        by_arm.setdefault(arm, []).append(out[0])
+    assert all(by_arm[arm] != by_arm["baseline"] for arm in by_arm if arm != "baseline")
 
 
 def test_stop_strings_end_rows_like_hugging_face(tiny64_hf, tiny64_engine):

@@ -296,3 +296,33 @@ def test_a_vector_to_fit_is_fitted_on_the_hf_model_before_the_engine_boots_and_c
     assert not report.ok and "hidden_capture" in report.failures[0].message
     launched = BackendSpec("vllm_serve", {"launch": True})  # a launched server runs the model group's checkpoint here
     assert SteeringPipeline(TINY_REF, controls=[CAA(data=PAIRS)], backend=launched).check().ok
+
+
+def test_a_resident_engine_serves_cached_vectors_and_is_shut_before_a_new_fit(fake_vllm, monkeypatch, tmp_path):
+    """With residency on, the next pipeline with the same engine settings reuses the booted engine when its vector is
+    in the cache, and a vector still to fit shuts the engine first: the fit's model never sits beside an engine."""
+    import transformers
+
+    from steer_hydra.backends.vllm import offline
+    from steer_hydra.core import resident
+
+    events: list[str] = []
+    load, boot, shutdown = transformers.AutoModelForCausalLM.from_pretrained, fake_vllm.LLM, offline._shutdown_engine
+    monkeypatch.setattr(
+        transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: events.append("hf model") or load(*a, **k)
+    )
+    monkeypatch.setattr(fake_vllm, "LLM", lambda **kwargs: events.append("engine") or boot(**kwargs))
+    monkeypatch.setattr(offline, "_shutdown_engine", lambda held: events.append("shutdown") or shutdown(held))
+    monkeypatch.setenv("STEER_HYDRA_CACHE", str(tmp_path / "cache"))
+    spec = BackendSpec("vllm", {"enforce_eager": True})
+    resident.configure(True)
+
+    SteeringPipeline(TINY_REF, controls=[CAA(data=PAIRS, layer_id=1)], backend=spec).steer().release()
+    assert events == ["hf model", "engine"] and resident.holds()
+    events.clear()
+    again = SteeringPipeline(TINY_REF, controls=[CAA(data=PAIRS, layer_id=1, multiplier=-1.0)], backend=spec).steer()
+    assert again.residency == "resident"
+    again.release()
+    assert events == []  # the cached vector, on the resident engine
+    SteeringPipeline(TINY_REF, controls=[CAA(data=PAIRS[:1], layer_id=1)], backend=spec).steer().release()
+    assert events == ["shutdown", "hf model", "engine"]

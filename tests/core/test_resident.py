@@ -22,3 +22,21 @@ def test_handing_the_base_back_closes_nothing_and_a_new_one_closes_the_old(caplo
         resident.keep("k", (object(), loop), label="engine", close=closed.append)  # another engine, same key
         assert closed == [(engine, loop)]
         assert resident.take("other") is None and len(closed) == 2 and not resident.holds()
+
+
+def test_a_sweep_leaves_the_resident_engine_to_a_backend_that_keeps_its_own_and_drops_it_for_one_that_does_not():
+    """Building a pipeline that does not run on the shared Hugging Face base frees the resident base first (never two
+    models), unless its backend keeps its own resident (vLLM's engine, which `take` reuses or frees itself)."""
+    from steer_hydra.backends.vllm.offline import VLLMBackend
+    from steer_hydra.core import ModelSource
+    from steer_hydra.core.sweeps import PipelineFactory
+    from steer_hydra.models import TINY_REF
+
+    assert VLLMBackend.keeps_resident
+    closed = []
+    resident.configure(True)
+    resident.keep("engine", "a booted engine", label="engine", close=closed.append)
+    PipelineFactory(ModelSource(TINY_REF), backend="vllm").build([])  # builds only: no engine boots here
+    assert resident.holds("engine") and closed == []
+    PipelineFactory(ModelSource(TINY_REF), share_base=False).build([])  # a model of its own on Hugging Face
+    assert not resident.holds() and closed == ["a booted engine"]

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from steer_hydra.core import resident
 from steer_hydra.core.identity import canonical_json
 from steer_hydra.models.loading import model_construction
 from steer_hydra.models.references import cache_dir
@@ -77,6 +78,7 @@ def fitted_for_engine(
             return vector
     from transformers import AutoModelForCausalLM
 
+    resident.drop()  # a resident engine (or base) is freed first: never two models in memory
     logger.info(
         "Fitting %s's vector on the Hugging Face model of %s (%s) before the engine starts", name, model_path, device
     )

@@ -155,6 +155,7 @@ class VLLMBackend(LoRAServing, TokenEngineBackend):
     kind = "vllm"
     fits_vectors = True  # CAA with data= / ActAdd with a prompt pair: fitted on the checkpoint's HF model first
     uses_model_dtype = True
+    keeps_resident = True  # the booted engine, for the next job with the same engine settings
 
     @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> list[str]:
