@@ -333,13 +333,12 @@ class SweepProgress:
 
     def job_done(self) -> str:
         """Count one more job done; the progress line: `Sweep: k/N job(s) done (<phase> i/n) in Ts, about Ts left`."""
-        planned = self.sweep_dir / PLANNED_FILE  # a study: its whole plan (written once, before its first job)
-        if not self.phases and planned.is_file():
-            self.phases = {str(k): int(v) for k, v in read_json(planned).items()}
-            self.total = sum(self.phases.values())
-        elif not self.phases:  # else the jobs launched so far, if listed
-            launched = launched_jobs(self.sweep_dir)
-            if launched is not None:
+        if not self.phases:  # a study's plan is read once: written before its first job, it never changes
+            planned = self.sweep_dir / PLANNED_FILE
+            if planned.is_file():
+                self.phases = {str(k): int(v) for k, v in read_json(planned).items()}
+                self.total = sum(self.phases.values())
+            elif (launched := launched_jobs(self.sweep_dir)) is not None:  # else the jobs launched so far, if listed
                 self.total = max(self.total, len(launched))
         self.done += 1
         self.total = max(self.total, self.done)
