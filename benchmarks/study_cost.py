@@ -90,7 +90,8 @@ def cell_seconds(save_dir: Path) -> float:
     for path in save_dir.rglob("*.eval"):
         stats = read_eval_log(str(path), header_only=True).stats
         if stats.started_at and stats.completed_at:
-            total += (datetime.fromisoformat(stats.completed_at) - datetime.fromisoformat(stats.started_at)).seconds
+            ran = datetime.fromisoformat(stats.completed_at) - datetime.fromisoformat(stats.started_at)
+            total += ran.total_seconds()
     return total
 
 
