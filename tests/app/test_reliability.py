@@ -59,25 +59,30 @@ main()
 """
 
 
-# A control that sends the job Ctrl-C (SIGINT) when the second task's first prompts arrive: the first task has
-# finished and logged its samples, the second is running. It counts the prompts it sees in a file.
+# A control that presses Ctrl-C (SIGINT to the job) PRESSES times, once, when the second task's first prompts arrive:
+# the first task has finished and logged its samples, the second is running. Later calls press nothing, however the
+# collator splits the second task's rows into batches. It counts the prompts it sees in a file.
 INTERRUPTING = """
-import os, signal
+import os, signal, time
 from pathlib import Path
 
 from steer_hydra.core import InputControl
 
 SEEN = 0
+PRESSED = False
 
 
 class Interrupting(InputControl):
     supports_batching = True
 
     def adapt_messages(self, messages_batch, runtime_kwargs):
-        global SEEN
+        global SEEN, PRESSED
         after = int(os.environ.get("INTERRUPT_AFTER", "0"))
-        if after and SEEN >= after:
-            os.kill(os.getpid(), signal.SIGINT)
+        if after and SEEN >= after and not PRESSED:
+            PRESSED = True
+            for _ in range(int(os.environ["PRESSES"])):
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.05)
         SEEN += len(messages_batch)
         with open(os.environ["PROMPTS_FILE"], "a") as handle:
             handle.write(f"{len(messages_batch)}\\n")
@@ -166,9 +171,12 @@ def _samples_in_logs(save_dir: Path) -> dict[str, tuple[str, list[str]]]:
 
 
 @pytest.mark.slow
-def test_ctrl_c_mid_job_exits_130_writes_no_record_and_loses_no_finished_sample(tmp_path, env):
+@pytest.mark.parametrize("presses", [1, 2])
+def test_ctrl_c_mid_job_exits_130_writes_no_record_and_loses_no_finished_sample(presses, tmp_path, env):
     """Ctrl-C while the second of three tasks generates: exit 130 with one line, no job record or table, the first
-    task's samples kept; the re-run generates exactly the samples no log holds finished."""
+    task's samples kept; the re-run generates exactly the samples no log holds finished. One press lets Inspect
+    write the running task's log as `cancelled`; a second press ends the run before it can (its log stays
+    `started`), with the same line and the same resume."""
     arms = tmp_path / "user_conf" / "arm"
     arms.mkdir(parents=True)
     (arms / "interrupting.yaml").write_text(
@@ -188,7 +196,13 @@ def test_ctrl_c_mid_job_exits_130_writes_no_record_and_loses_no_finished_sample(
         "arm=interrupting",
         f"hydra.searchpath=[file://{tmp_path / 'user_conf'}]",
     ]
-    env = {**os.environ, "PYTHONPATH": str(tmp_path), "PROMPTS_FILE": str(prompts), "HYDRA_FULL_ERROR": "0"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(tmp_path),
+        "PROMPTS_FILE": str(prompts),
+        "PRESSES": str(presses),
+        "HYDRA_FULL_ERROR": "0",
+    }
 
     def run(**extra: str) -> subprocess.CompletedProcess:
         prompts.write_text("")
@@ -211,7 +225,8 @@ def test_ctrl_c_mid_job_exits_130_writes_no_record_and_loses_no_finished_sample(
     assert not list((tmp_path / "outputs").rglob("results.csv")) and "Objective" not in interrupted.stdout
     kept = _samples_in_logs(_save_dir(tmp_path))
     assert kept["steer_hydra/short_answer"] == ("success", [f"sa-{i:02d}" for i in range(1, limit + 1)])
-    assert any(status == "cancelled" for status, _ in kept.values())
+    if presses == 1:
+        assert any(status == "cancelled" for status, _ in kept.values()), kept
     finished = sum(len(ids) for _, ids in kept.values())
 
     resumed = run()
