@@ -18,11 +18,12 @@ output the logs mark `generation: shared`; model loads are the jobs whose proven
 Adding a concept should cost its concept-dependent arms' generations and little else.
 
 Tokens are summed over the generation store's entries (each request generated once): `prompt tok` prefilled,
-`new tok` generated. `cells s` is the time the study's Inspect evaluations ran (each log's start to end), the rest
-of the wall time is per-job work (composing, files, W&B) and the report. `floor s` is what the model alone needs
-for those tokens: after the studies, plain greedy `generate` of the model (no steering, no Inspect) is timed here on
-full batches of the preset's batch ceiling with prompts and outputs of the store's mean lengths, and the study's
-requests are costed at that rate (prefill included). `wall/floor` is how far the study is above that floor.
+`new tok` generated. `cells s` is the time during which an Inspect evaluation of the study ran (the union of its
+logs' start-to-end intervals); the rest of the wall time is per-job work (composing, files, W&B) and the report.
+`floor s` is what the model alone needs for those tokens: after the studies, plain greedy `generate` of the model (no
+steering, no Inspect) is timed here on full batches of the preset's batch ceiling with prompts and outputs of the
+store's mean lengths, and the study's requests are costed at that rate (prefill included). `wall/floor` is how far the
+study is above that floor.
 """
 
 from __future__ import annotations
@@ -81,17 +82,23 @@ def store_tokens(save_dir: Path) -> tuple[int, int, int]:
 
 
 def cell_seconds(save_dir: Path) -> float:
-    """Seconds the study's Inspect evaluations ran: each log's start to its end, summed."""
+    """Seconds during which an Inspect evaluation of the study ran: the union of its logs' start-to-end intervals
+    (a suite's tasks run side by side in one `eval_set`, so their intervals overlap and are counted once)."""
     from datetime import datetime
 
     from inspect_ai.log import read_eval_log
 
-    total = 0.0
+    spans = []
     for path in save_dir.rglob("*.eval"):
         stats = read_eval_log(str(path), header_only=True).stats
         if stats.started_at and stats.completed_at:
-            ran = datetime.fromisoformat(stats.completed_at) - datetime.fromisoformat(stats.started_at)
-            total += ran.total_seconds()
+            spans.append((datetime.fromisoformat(stats.started_at), datetime.fromisoformat(stats.completed_at)))
+    total, reach = 0.0, None
+    for start, end in sorted(spans):
+        start = max(start, reach) if reach is not None else start  # the part before `reach` is counted already
+        if end > start:
+            total += (end - start).total_seconds()
+            reach = end
     return total
 
 
