@@ -210,10 +210,12 @@ def headline(results: pd.DataFrame) -> float:
     return float(sum(values) / len(values)) if values else math.nan
 
 
-def write_files(comparison: Comparison, out_dir: Path, *, own_config_id: str | None = None) -> dict[str, Path]:
+def write_files(
+    comparison: Comparison, out_dir: Path, *, own_config_id: str | None = None, plots: bool = True
+) -> dict[str, Path]:
     """Write the comparison's files into `out_dir`: `results.csv`, `samples.csv`, `failed_samples.csv` (of
-    `own_config_id` when given, else every configuration), `paired_deltas.csv`, `results_table.csv` and the
-    plots. Returns every file written, by name."""
+    `own_config_id` when given, else every configuration), `paired_deltas.csv`, `results_table.csv` and, when
+    `plots`, the plots. Returns every file written, by name."""
     out_dir.mkdir(parents=True, exist_ok=True)
     results = comparison.results
     own = results if own_config_id is None else results[results["config_id"] == own_config_id]
@@ -230,8 +232,8 @@ def write_files(comparison: Comparison, out_dir: Path, *, own_config_id: str | N
         write_csv(comparison.deltas, files["paired_deltas"])
     files["results_table"] = out_dir / "results_table.csv"
     write_csv(comparison.table, files["results_table"])
-    plots = plot_comparison(results, comparison.deltas, out_dir)
-    return {**files, **{f"plot_{name}": path for name, path in plots.items()}}
+    drawn = plot_comparison(results, comparison.deltas, out_dir) if plots else {}
+    return {**files, **{f"plot_{name}": path for name, path in drawn.items()}}
 
 
 def plot_comparison(results: pd.DataFrame, deltas: pd.DataFrame, out_dir: Path) -> dict[str, Path]:

@@ -173,7 +173,7 @@ def _run_job(cfg: DictConfig, output_dir: Path) -> float:
         finally:
             plan.release_claim()  # removes the claim when the job failed before any log of the suite exists
         comparison = compare(plan.cells())
-        files = write_files(comparison, output_dir, own_config_id=plan.config_id)
+        files = write_files(comparison, output_dir, own_config_id=plan.config_id, plots=cfg.plots)
         own = comparison.results[comparison.results["config_id"] == plan.config_id]
         reused = bool(records) and all(r["provenance"].get("reused") for r in records)
         failures = comparison.failed(plan.config_id)

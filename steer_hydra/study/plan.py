@@ -20,7 +20,8 @@ Command-line overrides reach every job; `arm=a,b`, `strength=x,y`, `concept=a,b`
 / `concepts=steereval:<...>`, expanded into its concepts by `tasks/concept_sets.py`) set the study's arms, strength
 grid and concepts, and `concepts_limit=N` keeps the first N usable concepts; every concept is checked before any job
 launches (the unusable ones are left out with one warning; none usable is refused); any other sweep is refused (one
-study per save_dir and seed).
+study per save_dir and seed). Jobs run with `plots=false` (the study draws its own plots) unless the command line
+sets `plots`.
 """
 
 from __future__ import annotations
@@ -188,6 +189,8 @@ class StudyPlan:
                 )
             else:
                 passthrough.append(override.input_line)
+        if not any(o.startswith(("plots=", "+plots=", "++plots=")) for o in passthrough):
+            passthrough.append("plots=false")  # the study draws its own; a job's plots cost about half a second
         # every concept is checked before any job launches, whether the command line or the preset names it
         self.concepts = concept_list(self.concepts if concepts is None else concepts, limit=self.concepts_limit)
         self.names = concept_names(self.concepts)

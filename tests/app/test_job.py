@@ -159,7 +159,7 @@ def test_a_job_that_evaluated_nothing_leaves_no_claim_and_a_later_protocol_runs(
     assert (save_dir / "protocol" / "smoke.json").exists()
 
 
-def test_a_job_whose_cells_are_complete_loads_no_model_and_says_so(compose_cfg, tmp_path, monkeypatch):
+def test_a_job_whose_cells_are_complete_loads_no_model_and_plots_only_when_asked(compose_cfg, tmp_path, monkeypatch):
     from steer_hydra.evaluation import runner as runner_module
 
     cfg = compose_cfg([*FAST, f"output_root={tmp_path}", "logger=none", "arm=system_prompt"])
@@ -175,6 +175,15 @@ def test_a_job_whose_cells_are_complete_loads_no_model_and_says_so(compose_cfg, 
     again = json.loads((tmp_path / "again" / "job_record.json").read_text())
     assert again["results_reused"] is True and again["metrics"] == first["metrics"]
     assert (tmp_path / "again" / "results.csv").read_text() == (tmp_path / "first" / "results.csv").read_text()
+    assert [p.name for p in (tmp_path / "first").glob("*.png")] == ["metrics.png"]  # no baseline here: no deltas
+
+    # plots=false (a study's jobs): the same cells and tables, no plots
+    job_module.run_job(
+        compose_cfg([*FAST, f"output_root={tmp_path}", "logger=none", "arm=system_prompt", "plots=false"]),
+        tmp_path / "bare",
+    )
+    assert (tmp_path / "bare" / "results.csv").read_text() == (tmp_path / "first" / "results.csv").read_text()
+    assert (tmp_path / "bare" / "results_table.csv").is_file() and not list((tmp_path / "bare").glob("*.png"))
 
 
 @pytest.mark.slow

@@ -99,7 +99,8 @@ def test_the_command_line_sets_arms_grid_and_concepts(tmp_path):
     passthrough = plan.take_arguments(
         ["model=tiny", "arm=baseline,caa_concept", "strength=0.9,-0.3", "concept=joy,pirate"]
     )
-    assert passthrough == ["model=tiny"]
+    assert passthrough == ["model=tiny", "plots=false"]  # the study draws its own plots
+    assert _plan().take_arguments(["plots=true", "model=tiny"]) == ["plots=true", "model=tiny"]  # unless asked
     assert plan.arms == ["baseline", "caa_concept"] and plan.strengths == [-0.3, 0.9]
     assert plan.concepts == ["joy", "pirate"]
     listing = tmp_path / "concepts.txt"

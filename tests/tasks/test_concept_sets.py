@@ -203,7 +203,8 @@ def test_concepts_limit_keeps_the_first_usable_concepts_across_sets_and_names(ax
 def test_the_study_takes_a_dataset_set_and_its_limit_from_the_command_line(axbench):
     plan = StudyPlan(arms=["baseline", "caa_concept"], vector_methods=["caa_concept"], strengths=[0.5])
     passthrough = plan.take_arguments(["model=tiny", f"concepts={axbench}", "concepts_limit=1"])
-    assert passthrough == ["model=tiny"] and plan.concepts == [f"{axbench}@3"] and plan.concepts_limit == 1
+    assert passthrough == ["model=tiny", "plots=false"]
+    assert plan.concepts == [f"{axbench}@3"] and plan.concepts_limit == 1
     (job,) = [j for j in plan.dev_jobs(passthrough) if j.arm_name == "baseline"]
     assert f"concept={axbench}@3" in job.overrides
 
