@@ -43,7 +43,8 @@ OUTPUT_DIRS = ("output_root", "save_dir")  # directories a job creates and write
 # eval_set options that decide how failures are handled; the suite sets them so that a failing sample fails alone
 # and a re-run retries it (Inspect never retries a sample that errored under fail_on_error=false or a fraction).
 FAILURE_POLICY_KEYS = ("fail_on_error", "continue_on_fail")
-SUITE_RETRY_KEYS = ("retry_attempts", "retry_on_error")  # eval_set options the suite sets from suite.<key>
+# eval_set options the suite sets from suite.<key>: how it runs (retries, tasks side by side), not what it evaluates
+SUITE_EXECUTION_KEYS = ("retry_attempts", "retry_on_error", "max_tasks")
 EXTRA_FOR_PACKAGE = {"inspect_evals": "pip install 'steer_hydra[evals]' (the inspect-evals package)"}
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 _HEAD_KEYS = ("num_attention_heads", "n_head", "num_heads")
@@ -244,9 +245,9 @@ def check_generation(plain: Mapping[str, Any]) -> list[str]:
                 "that re-run only the failed samples)."
             )
             continue
-        if key in SUITE_RETRY_KEYS:
+        if key in SUITE_EXECUTION_KEYS:
             problems.append(
-                f"{where}={value!r}: the retry policy is the suite's own setting (it is not part of the save_dir "
+                f"{where}={value!r}: how the suite runs is its own setting (it is not part of the save_dir "
                 f"protocol, so changing it never invalidates earlier logs). Fix: suite.{key}={value} instead of "
                 f"{where}."
             )

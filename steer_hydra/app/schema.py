@@ -96,6 +96,7 @@ class SuiteConfig:
     generate_overrides: dict[str, Any] = field(default_factory=dict)
     retry_attempts: int = 1
     retry_on_error: int = 1
+    max_tasks: int = 1  # tasks evaluated side by side, sharing the provider's batches (not in the save_dir protocol)
 
 
 @dataclass

@@ -4,7 +4,8 @@ How it runs: `sample_progress()` opens the bar and makes it the current one; a p
 (`@hooks`, enabled only while a bar is open) adds each task's planned samples when the task starts (the dataset
 size cut by `limit` or `sample_id`, times epochs), advances the bar as samples end, and at the task's end
 counts the samples it did not see (resumed from an earlier log) as done, so the bar always reaches its total.
-The total grows as tasks start (`max_tasks=1` starts them one after another); the bar names the running task.
+The total grows as tasks start (one after another, or all at once when the suite runs them side by side); the bar
+names the task that started last.
 """
 
 from __future__ import annotations

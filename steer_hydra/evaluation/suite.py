@@ -48,6 +48,7 @@ logger = logging.getLogger(__name__)
 
 RESPONSE_CACHE_KEYS = ("cache", "cache_prompt")
 RETRY_FIELDS = ("retry_attempts", "retry_on_error")  # how failures are retried, not what is evaluated
+EXECUTION_FIELDS = (*RETRY_FIELDS, "max_tasks")  # how the suite runs, not what it evaluates: not in its identity
 
 
 def task_name(task: Any) -> str:
@@ -70,6 +71,10 @@ class InspectSuite:
             `generate_defaults`, e.g. `{"max_tokens": 64}`.
         retry_attempts: `eval_set` task retries; each re-runs only the task's failed samples.
         retry_on_error: immediate retries of a failed sample within one attempt.
+        max_tasks: tasks evaluated side by side (1: one after another). Side by side, their requests share the
+            provider's batches (one batch of every task's first prompts, one tail of rows finishing), which on a
+            batching backend is faster for suites of many short tasks. Not part of the suite's identity: greedy
+            outputs are those of one task at a time, up to the floating-point order of a batch's padding.
     """
 
     name: str
@@ -80,6 +85,7 @@ class InspectSuite:
     generate_overrides: Mapping[str, Any] = field(default_factory=dict)
     retry_attempts: int = 1
     retry_on_error: int = 1
+    max_tasks: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -110,16 +116,20 @@ class InspectSuite:
             object.__setattr__(self, "sample_ids", ids)
         object.__setattr__(self, "task_args", dict(self.task_args))
         object.__setattr__(self, "generate_overrides", dict(self.generate_overrides))
-        for key in RETRY_FIELDS:
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"InspectSuite {self.name!r}: {key} must be an int >= 0; got {value!r}.")
+        for key in EXECUTION_FIELDS:
+            value, least = getattr(self, key), 1 if key == "max_tasks" else 0
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(
+                    f"InspectSuite {self.name!r}: {key} must be an int >= {least}; got {value!r}. Fix: suite.{key}="
+                    f"{max(least, 1)} (or another int >= {least})."
+                )
 
     def identity(self, content_digests: Mapping[str, Callable[[Any], str]] | None = None) -> dict[str, Any]:
-        """What of the suite makes its logs comparable (`store.comparable`): every field but the retry policy, plus
+        """What of the suite makes its logs comparable (`store.comparable`): every field but how it runs (the retry
+        policy, `max_tasks`), plus
         `<arg>_content` for each task arg given a digest function (a concept file's path says nothing of its
         content: an edited file is another one)."""
-        identity: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in RETRY_FIELDS}
+        identity = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in EXECUTION_FIELDS}
         for arg, digest in (content_digests or {}).items():
             if self.task_args.get(arg) is not None:
                 identity[f"{arg}_content"] = digest(self.task_args[arg])
@@ -180,7 +190,7 @@ class InspectSuite:
             "model": model,
             "task_args": dict(self.task_args),
             "epochs": 1,
-            "max_tasks": 1,
+            "max_tasks": self.max_tasks,
             "display": display,
             "retry_attempts": self.retry_attempts,
             "retry_on_error": self.retry_on_error,

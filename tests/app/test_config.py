@@ -171,5 +171,7 @@ def test_bad_control_args_fail_before_any_model_loads(compose_cfg):
 def test_suite_and_provider_values_are_validated_by_the_library(compose_cfg):
     with pytest.raises(ConfigError, match="suite: .*limit"):
         JobPlan.from_config(compose_cfg(["suite.limit=0"]))
+    with pytest.raises(ConfigError, match=r"suite: .*max_tasks must be an int >= 1; got 0\. Fix: suite.max_tasks="):
+        JobPlan.from_config(compose_cfg(["suite.max_tasks=0"]))
     with pytest.raises(ConfigError, match="provider: .*max_batch_size"):
         JobPlan.from_config(compose_cfg(["provider.max_batch_size=0"]))

@@ -206,17 +206,19 @@ def test_bad_overrides_fail_fast_and_write_no_results(run_main, tmp_path, overri
     assert not [p for p in written if "wandb" in p.parts]
 
 
-def test_the_protocol_records_the_served_model_not_the_retry_policy(compose_cfg, tmp_path):
+def test_the_protocol_records_the_served_model_not_how_the_suite_runs(compose_cfg, tmp_path):
     from types import SimpleNamespace
 
     def served(name):
         return SimpleNamespace(backend_identity=lambda: {"kind": "vllm_serve", "served_model": name})
 
     plan = JobPlan.from_config(compose_cfg([f"output_root={tmp_path}"]))
-    assert "retry_attempts" not in plan.protocol()["suite"] and "retry_on_error" not in plan.protocol()["suite"]
+    assert not {"retry_attempts", "retry_on_error", "max_tasks"} & set(plan.protocol()["suite"])
     plan.claim_protocol("c", 0, "smoke", pipeline=served("model-a"))
     assert json.loads(plan.protocol_path.read_text())["backend"]["identity"]["served_model"] == "model-a"
-    retried = JobPlan.from_config(compose_cfg([f"output_root={tmp_path}", "suite.retry_attempts=3"]))
+    retried = JobPlan.from_config(
+        compose_cfg([f"output_root={tmp_path}", "suite.retry_attempts=3", "suite.max_tasks=3"])
+    )
     retried.check_protocol()  # before load the identity is unknown: only the rest is compared
     retried.claim_protocol("c", 0, "smoke", pipeline=served("model-a"))  # same served model: joins
     other = JobPlan.from_config(compose_cfg([f"output_root={tmp_path}"]))

@@ -106,6 +106,7 @@ MORE_BAD_SETTINGS = [
     (["+generate_defaults.fail_on_error=0.5"], ["generate_defaults.fail_on_error=0.5", "suite.retry_attempts=N"]),
     (["+suite.generate_overrides.continue_on_fail=false"], ["continue_on_fail=False", "Fix: remove"]),
     (["+suite.generate_overrides.retry_attempts=3"], ["Fix: suite.retry_attempts=3 instead"]),
+    (["+suite.generate_overrides.max_tasks=3"], ["how the suite runs", "Fix: suite.max_tasks=3 instead"]),
 ]
 
 

@@ -75,6 +75,7 @@ def fake_inspect(monkeypatch):
         ({"name": "s", "tasks": ()}, "tasks is empty"),
         ({"name": "s", "tasks": ("a",), "limit": 0}, "limit"),
         ({"name": "s", "tasks": ("a",), "sample_ids": {"b": (1,)}}, r"unknown task\(s\) \['b'\]"),
+        ({"name": "s", "tasks": ("a",), "max_tasks": 0}, "max_tasks must be an int >= 1"),
     ],
 )
 def test_invalid_suites_raise(kwargs, match):
@@ -126,6 +127,13 @@ def test_score_display_model_roles_and_retry_are_forwarded(fake_inspect, tmp_pat
     assert call["score"] is False and call["display"] == "plain" and call["retry_attempts"] == 0
     assert call["model_roles"] == {"grader": "openai/gpt-4o"}
     assert call["limit"] is None
+
+
+def test_max_tasks_is_forwarded_and_is_not_what_the_suite_evaluates(fake_inspect, tmp_path):
+    together = InspectSuite(name="s", tasks=("t/a", "t/b"), max_tasks=2)
+    together.run(object(), log_dir=tmp_path)
+    assert fake_inspect.calls[0]["max_tasks"] == 2
+    assert together.identity() == InspectSuite(name="s", tasks=("t/a", "t/b")).identity()  # logs stay comparable
 
 
 def test_an_explicit_max_connections_wins(fake_inspect, tmp_path):
@@ -285,6 +293,31 @@ def test_a_task_object_runs_end_to_end_on_the_tiny_model(make_pipeline, tmp_path
     assert set(result["metrics"]) == {"includes/accuracy", "includes/stderr"}
     assert result["n"] == 3
     assert (tmp_path / result["log"]).exists()
+
+
+def test_tasks_side_by_side_give_the_samples_of_tasks_one_after_another(make_pipeline, tmp_path):
+    """Greedy, the tasks' requests sharing the provider's batches changes no completion."""
+    from inspect_ai import Task
+    from inspect_ai.dataset import MemoryDataset, Sample
+    from inspect_ai.log import read_eval_log
+    from inspect_ai.scorer import includes
+    from inspect_ai.solver import generate
+
+    from steer_hydra.evaluation.options import ProviderOptions
+
+    def task(name: str, words: tuple[str, ...]) -> Task:
+        samples = [Sample(input=f"{name}: say {w}", target=w, id=w) for w in words]
+        return Task(dataset=MemoryDataset(samples), solver=[generate()], scorer=includes(), name=name)
+
+    def completions(max_tasks: int) -> dict[tuple[str, str], str]:
+        tasks = (task("colors", ("red", "blue", "green", "black")), task("animals", ("cat", "dog", "owl")))
+        suite = InspectSuite(name="two", tasks=tasks, max_tasks=max_tasks, generate_overrides={"max_tokens": 6})
+        out = suite.run(make_pipeline(), log_dir=tmp_path / str(max_tasks), options=ProviderOptions(max_batch_size=8))
+        logs = [read_eval_log(str(tmp_path / str(max_tasks) / r["log"])) for r in out.values()]
+        return {(log.eval.task, str(s.id)): s.output.completion for log in logs for s in log.samples}
+
+    alone = completions(1)
+    assert len(alone) == 7 and completions(2) == alone
 
 
 # ------------------------------------------------------------------------------------------ registry names resolved
