@@ -72,9 +72,9 @@ class InspectSuite:
         retry_attempts: `eval_set` task retries; each re-runs only the task's failed samples.
         retry_on_error: immediate retries of a failed sample within one attempt.
         max_tasks: tasks evaluated side by side (1: one after another). Side by side, their requests share the
-            provider's batches (one batch of every task's first prompts, one tail of rows finishing), which on a
-            batching backend is faster for suites of many short tasks. Not part of the suite's identity: greedy
-            outputs are those of one task at a time, up to the floating-point order of a batch's padding.
+            provider's batches, which pays where a decode step costs about the same for few rows as for many (a
+            GPU), not on a CPU. Not part of the suite's identity: greedy outputs are those of one task at a time,
+            up to the floating-point order of a batch's padding.
     """
 
     name: str
