@@ -126,9 +126,8 @@ class InspectSuite:
 
     def identity(self, content_digests: Mapping[str, Callable[[Any], str]] | None = None) -> dict[str, Any]:
         """What of the suite makes its logs comparable (`store.comparable`): every field but how it runs (the retry
-        policy, `max_tasks`), plus
-        `<arg>_content` for each task arg given a digest function (a concept file's path says nothing of its
-        content: an edited file is another one)."""
+        policy, `max_tasks`), plus `<arg>_content` for each task arg given a digest function (a concept file's path
+        says nothing of its content: an edited file is another one)."""
         identity = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in EXECUTION_FIELDS}
         for arg, digest in (content_digests or {}).items():
             if self.task_args.get(arg) is not None:
