@@ -83,7 +83,7 @@ def store_tokens(save_dir: Path) -> tuple[int, int, int]:
 
 def cell_seconds(save_dir: Path) -> float:
     """Seconds during which an Inspect evaluation of the study ran: the union of its logs' start-to-end intervals
-    (a suite's tasks run side by side in one `eval_set`, so their intervals overlap and are counted once)."""
+    (a suite run with `suite.max_tasks` above 1 runs its tasks side by side: their intervals overlap, counted once)."""
     from datetime import datetime
 
     from inspect_ai.log import read_eval_log

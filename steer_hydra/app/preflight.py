@@ -32,6 +32,7 @@ from steer_hydra.app.secrets import is_secret_name
 from steer_hydra.core.backend import BackendSpec
 from steer_hydra.core.errors import ConfigError
 from steer_hydra.core.layout import CONTEXT_FIELDS, config_int
+from steer_hydra.evaluation.suite import EXECUTION_FIELDS
 from steer_hydra.models.checks import HUB_TIMEOUT, hub_offline, known_config, reference_problems
 
 # `generate_defaults` / `suite.generate_overrides` go to `eval_set(**settings)`: GenerateConfig fields plus
@@ -43,8 +44,6 @@ OUTPUT_DIRS = ("output_root", "save_dir")  # directories a job creates and write
 # eval_set options that decide how failures are handled; the suite sets them so that a failing sample fails alone
 # and a re-run retries it (Inspect never retries a sample that errored under fail_on_error=false or a fraction).
 FAILURE_POLICY_KEYS = ("fail_on_error", "continue_on_fail")
-# eval_set options the suite sets from suite.<key>: how it runs (retries, tasks side by side), not what it evaluates
-SUITE_EXECUTION_KEYS = ("retry_attempts", "retry_on_error", "max_tasks")
 EXTRA_FOR_PACKAGE = {"inspect_evals": "pip install 'steer_hydra[evals]' (the inspect-evals package)"}
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 _HEAD_KEYS = ("num_attention_heads", "n_head", "num_heads")
@@ -245,7 +244,7 @@ def check_generation(plain: Mapping[str, Any]) -> list[str]:
                 "that re-run only the failed samples)."
             )
             continue
-        if key in SUITE_EXECUTION_KEYS:
+        if key in EXECUTION_FIELDS:  # eval_set options the suite sets from suite.<key>
             problems.append(
                 f"{where}={value!r}: how the suite runs is its own setting (it is not part of the save_dir "
                 f"protocol, so changing it never invalidates earlier logs). Fix: suite.{key}={value} instead of "

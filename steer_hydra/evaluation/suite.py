@@ -47,8 +47,9 @@ from steer_hydra.analysis.logs import LEFT_OUT_KEY, is_partial, readable_logs, t
 logger = logging.getLogger(__name__)
 
 RESPONSE_CACHE_KEYS = ("cache", "cache_prompt")
-RETRY_FIELDS = ("retry_attempts", "retry_on_error")  # how failures are retried, not what is evaluated
-EXECUTION_FIELDS = (*RETRY_FIELDS, "max_tasks")  # how the suite runs, not what it evaluates: not in its identity
+# How the suite runs (failures retried, tasks side by side), not what it evaluates: not in its identity. Each field's
+# least value.
+EXECUTION_FIELDS = {"retry_attempts": 0, "retry_on_error": 0, "max_tasks": 1}
 
 
 def task_name(task: Any) -> str:
@@ -116,8 +117,8 @@ class InspectSuite:
             object.__setattr__(self, "sample_ids", ids)
         object.__setattr__(self, "task_args", dict(self.task_args))
         object.__setattr__(self, "generate_overrides", dict(self.generate_overrides))
-        for key in EXECUTION_FIELDS:
-            value, least = getattr(self, key), 1 if key == "max_tasks" else 0
+        for key, least in EXECUTION_FIELDS.items():
+            value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(
                     f"InspectSuite {self.name!r}: {key} must be an int >= {least}; got {value!r}. Fix: suite.{key}="

@@ -170,6 +170,7 @@ class StudyPlan:
         """Apply the study's own overrides (`arm`, `strength`, `concept`, `concepts`, `concepts_limit`); return those
         for every job."""
         passthrough = []
+        plots_given = False
         concepts: list[Any] | None = None
         for override in OverridesParser.create().parse_overrides(list(arguments)):
             key = override.get_key_element()
@@ -189,7 +190,8 @@ class StudyPlan:
                 )
             else:
                 passthrough.append(override.input_line)
-        if not any(o.startswith(("plots=", "+plots=", "++plots=")) for o in passthrough):
+                plots_given = plots_given or override.key_or_group == "plots"  # plots=, ++plots=
+        if not plots_given:
             passthrough.append("plots=false")  # the study draws its own; a job's plots cost about half a second
         # every concept is checked before any job launches, whether the command line or the preset names it
         self.concepts = concept_list(self.concepts if concepts is None else concepts, limit=self.concepts_limit)
