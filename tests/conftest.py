@@ -62,6 +62,20 @@ def _logging_restored():
             logger.disabled = disabled.get(logger, False)  # a logger created since was enabled when created
 
 
+@pytest.fixture(autouse=True)
+def _asyncio_unpatched():
+    """No test leaves `asyncio.run` patched. Inspect applies nest_asyncio, process-wide and for good, when one of its
+    synchronous calls runs inside an event loop (e.g. `score()` on a lazily read log); the patched `asyncio.run`
+    then leaves event loops unclosed, whose ResourceWarnings surface in whichever later test collects them."""
+    import asyncio
+
+    yield
+    assert asyncio.run.__module__ == "asyncio.runners", (
+        "this test left asyncio patched by nest_asyncio (an Inspect sync call inside an event loop): read the log "
+        "whole first, or call the async variant"
+    )
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Checkpoints built by references go to a per-session cache, not the user's home.

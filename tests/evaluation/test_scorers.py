@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
+import subprocess
+import sys
 
 import anyio
 import anyio.to_thread
@@ -91,13 +92,26 @@ def test_bridge_from_an_anyio_worker_thread():
     assert anyio.run(main) == 1.0
 
 
+INSIDE_A_RUNNING_LOOP = f"""
+import asyncio
+from inspect_ai.scorer import includes
+from steer_hydra.evaluation.scorers import sample_scorer_from_inspect
+
+row_scorer = sample_scorer_from_inspect(includes())
+
+
+async def main():
+    return row_scorer("Paris", {ROW!r}), row_scorer("Rome", {ROW!r})
+
+print(asyncio.run(main()))
+"""
+
+
 def test_bridge_inside_a_running_asyncio_loop():
-    row_scorer = sample_scorer_from_inspect(includes())
-
-    async def main():
-        return row_scorer("Paris", ROW), row_scorer("Rome", ROW)
-
-    assert asyncio.run(main()) == (1.0, 0.0)
+    # in a process of its own: re-entering a running loop applies nest_asyncio, which patches asyncio for good
+    done = subprocess.run([sys.executable, "-c", INSIDE_A_RUNNING_LOOP], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[-1] == "(1.0, 0.0)"
 
 
 def test_bridge_refuses_a_running_trio_task():

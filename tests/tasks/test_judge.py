@@ -9,6 +9,7 @@ import pytest
 from inspect_ai import Task, score
 from inspect_ai import eval as inspect_eval
 from inspect_ai.dataset import Sample
+from inspect_ai.log import read_eval_log
 from inspect_ai.model import ModelOutput, ModelUsage, get_model
 from inspect_ai.solver import generate
 
@@ -158,6 +159,9 @@ def test_judging_the_same_log_again_makes_no_judge_call(tmp_path):
     log = _run(tmp_path, first.model())
     assert len(first.calls) == 14
     again = ScriptedJudge()
+    # a log read whole, as `rescore` reads it: Inspect's `score` loads a lazily read log inside its own event loop,
+    # which patches asyncio for the rest of the process (nest_asyncio)
+    log = read_eval_log(log.location)
     rescored = score(log, concept_judge(), model=get_model("none"), model_roles={"judge": again.model()})
     assert again.calls == []  # every reply, retries included, came from Inspect's generate cache
     assert [s.scores["concept_judge1"].value for s in rescored.samples][:3] == [
