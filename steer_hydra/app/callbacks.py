@@ -321,18 +321,25 @@ def _track(config: DictConfig, out_dir: Path, records: Sequence[JobRecord], out:
 
 @dataclass
 class SweepProgress:
-    """Jobs done out of the sweep's total, for a sweep whose jobs run in this process; a study's total is its whole
-    plan (`planned_jobs.json`: each phase's job count, written before its first job), its phases in order."""
+    """Jobs done out of the sweep's total; a study's total is its whole plan (`planned_jobs.json`: each phase's job
+    count, written before its first job), its phases in order. In the process that launched the sweep it counts its
+    own jobs; in a launcher's worker process (a copy pickled there: joblib, Ray) it counts the job records written
+    into the sweep dir since the sweep began, since the jobs finish in several processes."""
 
     total: int
     sweep_dir: Path
     done: int = 0
-    started: float = field(default_factory=time.monotonic)
+    started: float = field(default_factory=time.time)  # wall clock: a worker process reads it too
     pid: int = field(default_factory=os.getpid)  # a launcher that pickles the callback to its workers: not there
     phases: dict[str, int] = field(default_factory=dict)  # a study's jobs per phase, in launch order
 
+    def recorded(self) -> int:
+        """Jobs whose record was written into the sweep dir since the sweep began (in any process)."""
+        return sum(1 for p in self.sweep_dir.glob(f"*/{JOB_RECORD}") if p.stat().st_mtime >= self.started)
+
     def job_done(self) -> str:
-        """Count one more job done; the progress line: `Sweep: k/N job(s) done (<phase> i/n) in Ts, about Ts left`."""
+        """Count one more job done (in a worker process: the records so far); the progress line:
+        `Sweep: k/N job(s) done (<phase> i/n) in Ts, about Ts left`."""
         if not self.phases:  # a study's plan is read once: written before its first job, it never changes
             planned = self.sweep_dir / PLANNED_FILE
             if planned.is_file():
@@ -340,7 +347,7 @@ class SweepProgress:
                 self.total = sum(self.phases.values())
             elif (launched := launched_jobs(self.sweep_dir)) is not None:  # else the jobs launched so far, if listed
                 self.total = max(self.total, len(launched))
-        self.done += 1
+        self.done = self.done + 1 if self.pid == os.getpid() else max(self.recorded(), 1)
         self.total = max(self.total, self.done)
         phase, before = "", 0
         for name, count in self.phases.items():
@@ -348,7 +355,7 @@ class SweepProgress:
                 phase = f" ({name} {self.done - before}/{count})"
                 break
             before += count
-        elapsed = time.monotonic() - self.started
+        elapsed = max(time.time() - self.started, 0.0)
         left = self.total - self.done
         eta = f", about {elapsed / self.done * left:.0f}s left" if left > 0 else ""
         return f"Sweep: {self.done}/{self.total} job(s) done{phase} in {elapsed:.0f}s{eta}"
@@ -373,11 +380,9 @@ class SweepAggregator(Callback):
             self._progress = None
 
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
-        """A sweep whose jobs run in this process (the basic launcher): `Sweep: k/N job(s) done, ETA ...`."""
-        progress = self._progress
-        if progress is None or progress.pid != os.getpid():
-            return
-        logger.info("%s", progress.job_done())
+        """`Sweep: k/N job(s) done, ETA ...`, from whichever process ran the job."""
+        if self._progress is not None:
+            logger.info("%s", self._progress.job_done())
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         self._pending = None

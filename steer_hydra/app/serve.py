@@ -71,6 +71,11 @@ class LaunchServer(Callback):
         self.server: Any = None  # a running `VLLMServer`
         self._saved_env: tuple[str, str | None] | None = None  # a single run: the variable's earlier value
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy pickled into a launcher's worker process (joblib, Ray) carries no server (a process handle does
+        not pickle): the launching process owns the server and stops it; the worker's jobs reach it by address."""
+        return {**self.__dict__, "server": None, "_saved_env": None}
+
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         if not launches(config):
             return

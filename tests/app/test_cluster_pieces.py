@@ -61,16 +61,23 @@ def test_the_job_record_says_where_the_job_ran(monkeypatch):
     assert on_slurm["slurm_array_task_id"] == "1" and on_slurm["slurmd_nodename"] == "gpu-07"
 
 
-def test_progress_lines_come_only_from_the_process_that_counts_the_sweep(tmp_path, caplog):
+def test_a_launchers_worker_counts_progress_from_the_job_records_written_since_the_sweep_began(tmp_path, caplog):
     callback = SweepAggregator()
     callback._progress = SweepProgress(total=4, sweep_dir=tmp_path)
     with caplog.at_level(logging.INFO):
         callback.on_job_end(config=None, job_return=None)
-        assert "Sweep: 1/4 job(s) done" in caplog.text
+        assert "Sweep: 1/4 job(s) done" in caplog.text  # the launching process counts its own jobs
         caplog.clear()
+        old = tmp_path / "0_earlier" / "job_record.json"  # a record of an earlier sweep into the same dir
+        old.parent.mkdir()
+        old.write_text("{}")
+        os.utime(old, (callback._progress.started - 60,) * 2)
+        for job in ("1_a", "2_b", "3_c"):  # three jobs finished in the launcher's worker processes
+            (tmp_path / job).mkdir()
+            (tmp_path / job / "job_record.json").write_text("{}")
         callback._progress.pid = os.getpid() + 1  # a copy of the callback pickled into a launcher's worker
         callback.on_job_end(config=None, job_return=None)
-    assert "Sweep:" not in caplog.text and callback._progress.done == 1
+    assert "Sweep: 3/4 job(s) done" in caplog.text and "about" in caplog.text
 
 
 def test_a_ray_cluster_that_cannot_be_reached_is_named_in_one_line_within_the_bound(monkeypatch):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from steer_hydra.app.serve import varied_shared_keys
+from steer_hydra.app.serve import LaunchServer, varied_shared_keys
 from steer_hydra.backends.vllm import launch as vllm_launch
 from steer_hydra.backends.vllm.launch import LaunchError, VLLMServer, free_port, group_alive, launch_server
 from steer_hydra.backends.vllm.serve import LAUNCHED_URL_ENV, ServeOptions, VLLMServeBackend
@@ -123,6 +124,19 @@ def test_ready_server_answers_and_stop_ends_its_whole_process_group(stand_in, tm
     finally:
         server.stop()
     assert not group_alive(server.pid) and not _pid_alive(child) and server.process.returncode is not None
+
+
+def test_the_callback_pickles_into_a_launchers_worker_without_the_server(stand_in, tmp_path):
+    callback = LaunchServer()
+    callback.server = _server(stand_in, tmp_path, "ok").start()  # holds a process handle, which does not pickle
+    try:
+        copy = pickle.loads(pickle.dumps(callback))  # what joblib and Ray do with the sweep's callbacks
+        assert copy.server is None and callback.server.alive()  # the launching process still owns and stops it
+        copy.stop()
+        assert callback.server.alive()
+    finally:
+        callback.stop()
+    assert callback.server is None
 
 
 def test_a_server_that_never_answers_fails_at_launch_timeout_and_is_stopped(stand_in, tmp_path):
