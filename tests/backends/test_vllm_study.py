@@ -36,7 +36,8 @@ SERVED = [
     "backend=vllm_serve",
     "backend.options.launch=true",
     "backend.options.launch_args=[--max-model-len,512]",
-    "hydra/launcher=server_cells",  # joblib, two jobs at a time
+    "hydra/launcher=server_cells",  # joblib: jobs side by side, their requests in the server's engine steps together
+    "hydra.launcher.n_jobs=2",
 ]
 ENGINE = ["backend=vllm", "backend.options.max_model_len=512"]
 KEY = ["arm", "config_id", "suite", "task", "sample_id", "scorer"]
