@@ -7,6 +7,7 @@ Both studies run at once, on the tiny head-dim-64 model in float32, greedy, in s
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -68,10 +69,17 @@ def _finish(process: subprocess.Popen, cwd: Path) -> tuple[str, Path]:
 def test_a_study_on_one_launched_server_two_cells_at_a_time_reports_what_the_engine_reports(tmp_path):
     served = _study(tmp_path / "serve", *SERVED)
     engine = _study(tmp_path / "engine", *ENGINE)
-    out_served, sweep_served = _finish(served, tmp_path / "serve")
-    _, sweep_engine = _finish(engine, tmp_path / "engine")
+    try:
+        out_served, sweep_served = _finish(served, tmp_path / "serve")
+        _, sweep_engine = _finish(engine, tmp_path / "engine")
+    finally:  # a failed study leaves neither running
+        for process in (served, engine):
+            if process.poll() is None:
+                os.killpg(process.pid, 9)
 
     assert out_served.count(" ready at ") == 1  # one server for the whole study, both phases
+    records = [json.loads(p.read_text()) for p in sweep_served.glob("*/job_record.json")]
+    assert len({r["placement"]["pid"] for r in records}) == 2  # the jobs ran in joblib's two worker processes
     launched = pd.read_csv(sweep_served / "study" / "launched.csv")
     assert len(launched) == 2 * (3 + 3 * 2)  # per concept: dev (the baseline, CAA at 2 strengths), 3 arms x 2 suites
     samples = pd.read_csv(sweep_served / "aggregate" / "samples.csv").sort_values(KEY, ignore_index=True)
