@@ -61,7 +61,7 @@ def job_records(sweep_dir: Path) -> list[JobRecord]:
 # strength or concept they read), or the save_dir itself (model, seed, experiment name, output root); display keys.
 SAFE_SWEEP_KEYS = frozenset(
     {"arm", "seed", "model", "experiment_name", "save_dir", "output_root", "strength", "concept", "tags", "progress"}
-    | {"display", "logger", "residency", "baseline_arm"}
+    | {"display", "logger", "residency", "fit_ahead", "baseline_arm"}
 )
 SAFE_SWEEP_PREFIXES = ("arm.", "logger.", "hydra.", "+arm.", "~arm.")
 

@@ -17,6 +17,7 @@ import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -117,7 +118,8 @@ class Backend(ABC):
             resident base before it loads.
     And what it overrides when the default does not fit: `protocol_options` (which options bear on generation),
     `rollout` (decoding drivers), `requirements_of`, `steer_control`, `state_hooks` and `applied` (how state
-    controls run on it), `ready` (start an engine once the controls are prepared), `identity`, `release`.
+    controls run on it), `ready` (start an engine once the controls are prepared), `fit_ahead` (that preparation
+    done for many jobs at once, before any engine starts), `identity`, `release`.
     """
 
     kind: ClassVar[str]
@@ -192,6 +194,19 @@ class Backend(ABC):
         """The options that bear on what is generated, for a save_dir protocol (default: all of them). A backend
         whose options include transport settings (an address, timeouts, concurrency) leaves those out."""
         return dict(options)
+
+    @classmethod
+    def fits_vectors_with(cls, options: Mapping[str, Any] | None) -> bool:
+        """Whether a job of this backend with these options fits a layer-vector control's vector on a Hugging Face
+        load of its own before its engine starts (so `fit_ahead` has work). Default: no."""
+        return False
+
+    @classmethod
+    def fit_ahead(cls, controls: Sequence[Any], source: ModelSource, options: Mapping[str, Any]) -> list[Path]:
+        """Fit now, on one model load, what jobs of this backend with `options` on `source` would fit from
+        `controls` before their engine starts, into the cache those jobs read; returns the files written. Default:
+        nothing (a backend that fits in the job's own model, as Hugging Face does, has nothing to fit ahead)."""
+        return []
 
     @classmethod
     def requirements_of(cls, control: Any, options: Mapping[str, Any] | None = None) -> frozenset[Capability]:

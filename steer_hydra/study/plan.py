@@ -267,6 +267,20 @@ class StudyPlan:
                     jobs.append(self._job(passthrough, stage, concept, arm, point, suite))
         return jobs
 
+    def fit_jobs(self, passthrough: Sequence[str]) -> list[Job]:
+        """One dev-suite job per configuration whose controls may fit something, whatever dev chooses: per concept,
+        every arm at each point of its method's grid, the strength axis at its gentlest value only (a strength
+        scales what a control fits and never changes the fit), an arm without a grid once. The fit ahead of a
+        study's jobs (`app.prefit`) builds their controls."""
+        jobs = []
+        for concept in self.concepts:
+            for arm in dict.fromkeys([self.baseline, *self.arms, *self.methods()]):
+                points: dict[tuple[tuple[str, float], ...], Point] = {}
+                for point in self.grid(self.follows.get(arm, arm)) if self.swept(arm) else [Point()]:
+                    points.setdefault(tuple(pair for pair in point.values if pair[0] != "strength"), point)
+                jobs += [self._job(passthrough, "dev", concept, arm, p, self.dev_suite) for p in points.values()]
+        return jobs
+
     def job_counts(self, passthrough: Sequence[str]) -> dict[str, int]:
         """`{"dev": n, "report": m}`: the jobs of each phase, known before any runs (the report jobs are concepts x
         (test and cost suites) x arms whatever points dev chooses)."""

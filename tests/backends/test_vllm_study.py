@@ -1,6 +1,7 @@
 """The concept study on real vLLM: one launched server runs the study's cells two at a time (the joblib launcher),
 its CAA vectors fitted on Hugging Face and sent as given vectors, and reports what `backend=vllm` reports running
 the cells one after another on one engine: the same completions, the same choice on dev and the same study results.
+Both fit every vector ahead, on one Hugging Face load, before the server or the engine starts.
 
 Both studies run at once, on the tiny head-dim-64 model in float32, greedy, in subprocesses (offline, logger=none).
 """
@@ -51,17 +52,22 @@ def _finish(process: subprocess.Popen, cwd: Path) -> tuple[str, Path]:
 
 
 def test_a_study_on_one_launched_server_two_cells_at_a_time_reports_what_the_engine_reports(tmp_path):
-    served = start_sweep(tmp_path / "serve", [*STUDY, *SERVED])
-    engine = start_sweep(tmp_path / "engine", [*STUDY, *ENGINE])
+    # each its own cache: each fits its vectors ahead (a shared one would leave the later study nothing to fit)
+    served = start_sweep(tmp_path / "serve", [*STUDY, *SERVED], STEER_HYDRA_CACHE=str(tmp_path / "serve-cache"))
+    engine = start_sweep(tmp_path / "engine", [*STUDY, *ENGINE], STEER_HYDRA_CACHE=str(tmp_path / "engine-cache"))
     try:
         out_served, sweep_served = _finish(served, tmp_path / "serve")
-        _, sweep_engine = _finish(engine, tmp_path / "engine")
+        out_engine, sweep_engine = _finish(engine, tmp_path / "engine")
     finally:  # a failed study leaves neither running
         for process in (served, engine):
             if process.poll() is None:
                 os.killpg(process.pid, 9)
 
     assert out_served.count(" ready at ") == 1  # one server for the whole study, both phases
+    for out in (out_served, out_engine):  # both concepts' CAA vectors (one per concept: the layer is not swept)
+        assert out.count("Fitting ") == 1 and "Fitted 2 vector(s) ahead of the jobs" in out, out[-4000:]
+    assert out_served.index("Fitted 2 vector(s) ahead") < out_served.index(" ready at ")  # before the server
+    assert out_engine.count("Booting vLLM engine") == 1  # one engine for the study: no restart to fit a vector
     records = [json.loads(p.read_text()) for p in sweep_served.glob("*/job_record.json")]
     assert len({r["placement"]["pid"] for r in records}) == 2  # the jobs ran in joblib's two worker processes
     launched = pd.read_csv(sweep_served / "study" / "launched.csv")

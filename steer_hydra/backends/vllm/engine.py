@@ -77,6 +77,27 @@ class TokenEngineBackend(EngineSteering, Backend):
         self._trust_remote_code = False
         self._opened = False
         self._model_dtype: Any = None
+        self.uses_model_dtype = self.uses_model_dtype_with(self.options)
+
+    @classmethod
+    def uses_model_dtype_with(cls, options: Mapping[str, Any]) -> bool:
+        """Whether the engine runs at the model group's `hf_model_kwargs.dtype` with these options."""
+        return cls.uses_model_dtype
+
+    @classmethod
+    def fit_ahead(cls, controls: Sequence[Any], source: ModelSource, options: Mapping[str, Any]) -> list[Path]:
+        """The vectors `controls` fit from hidden states (`fit.needs_fit`), fitted on one Hugging Face load of the
+        checkpoint, with the tokenizer and dtype a job's `load` takes, into the cache `steer_control` reads."""
+        from steer_hydra.backends.vllm.fit import fit_vectors, needs_fit
+
+        todo = [c for c in controls if needs_fit(c)] if cls.fits_vectors_with(options) else []
+        if not todo or not source.model_name_or_path:
+            return []
+        model_path = resolve_model_reference(source.model_name_or_path)
+        trust = source.trust_remote_code
+        tokenizer = cls._client_tokenizer(None, source.tokenizer_name_or_path or model_path, trust)
+        dtype = source.hf_model_kwargs.get("dtype") if cls.uses_model_dtype_with(options) else None
+        return fit_vectors(todo, model_path, tokenizer, trust_remote_code=trust, dtype=dtype)
 
     # ------------------------------------------------------------------ load
     def load(self, source: ModelSource, *, model: Any = None, tokenizer: Any = None) -> None:
@@ -94,12 +115,13 @@ class TokenEngineBackend(EngineSteering, Backend):
                 unused,
                 self.kind,
             )
-        reference = source.model_name_or_path
-        self.model_path = resolve_model_reference(reference) if reference else None
+        model_reference = source.model_name_or_path
+        self.model_path = resolve_model_reference(model_reference) if model_reference else None
         self._trust_remote_code = source.trust_remote_code
-        self.tokenizer = self._client_tokenizer(tokenizer, source.tokenizer_name_or_path, source.trust_remote_code)
+        reference = source.tokenizer_name_or_path or self.model_path
+        self.tokenizer = self._client_tokenizer(tokenizer, reference, source.trust_remote_code)
         self._generation_eos = _generation_config_eos(self.model_path)
-        self._reference = reference
+        self._reference = model_reference
 
     def ready(self) -> None:
         """Start the engine (or connect to the server) once the controls are prepared: a vector fitted on the
@@ -108,20 +130,21 @@ class TokenEngineBackend(EngineSteering, Backend):
             self._open(model_name_or_path=self._reference, trust_remote_code=self._trust_remote_code)
             self._opened = True
 
-    def _client_tokenizer(self, tokenizer: Any, tokenizer_name_or_path: str | None, trust_remote_code: bool) -> Any:
+    @classmethod
+    def _client_tokenizer(cls, tokenizer: Any, reference: str | None, trust_remote_code: bool) -> Any:
+        """`tokenizer`, else the one at `reference` (the tokenizer's or the model's), with a pad token."""
         from steer_hydra.backends.huggingface import ensure_pad_token
 
         if tokenizer is None:
-            source = tokenizer_name_or_path or self.model_path
-            if source is None:
+            if reference is None:
                 raise ValueError(
-                    f"backend={self.kind} tokenizes prompts client-side and needs a tokenizer: pass tokenizer=, "
+                    f"backend={cls.kind} tokenizes prompts client-side and needs a tokenizer: pass tokenizer=, "
                     "tokenizer_name_or_path= or model_name_or_path=."
                 )
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(
-                resolve_model_reference(source), trust_remote_code=trust_remote_code
+                resolve_model_reference(reference), trust_remote_code=trust_remote_code
             )
         ensure_pad_token(tokenizer)
         return tokenizer

@@ -318,6 +318,11 @@ class VLLMServeBackend(LoRAServing, TokenEngineBackend):
         return bool((options or {}).get("launch", False))
 
     @classmethod
+    def uses_model_dtype_with(cls, options: Mapping[str, Any]) -> bool:
+        """A launched server runs at the model group's dtype (`launch`), so `hf_model_kwargs.dtype` is used."""
+        return bool((options or {}).get("launch", False))
+
+    @classmethod
     def check_options(cls, options: Mapping[str, Any]) -> list[str]:
         """The options validate, and a TCP connection opens at the server's address within `CONNECT_TIMEOUT`."""
         try:
@@ -335,8 +340,6 @@ class VLLMServeBackend(LoRAServing, TokenEngineBackend):
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(options)
         self.settings = ServeOptions.from_mapping(self.options)
-        # a launched server runs at the model group's dtype (vllm_launch), so hf_model_kwargs.dtype is used
-        self.uses_model_dtype = self.settings.launch
         self.served_model: str | None = None
         self.server_version: str | None = None
         self.retries = 0

@@ -231,9 +231,9 @@ class EngineSteering:
         if self.model_path is None:
             raise ValueError(f"backend={self.kind} lowers {type(control).__name__} from model_name_or_path=; none.")
         trust_remote_code = getattr(self, "_trust_remote_code", False)
-        if Capability.HIDDEN_CAPTURE in control.requirements() and self.fits_vectors_with(self.options):
-            from steer_hydra.backends.vllm.fit import fitted_for_engine
+        from steer_hydra.backends.vllm.fit import fitted_for_engine, needs_fit
 
+        if needs_fit(control) and self.fits_vectors_with(self.options):
             steer_kwargs["fitted_vector"] = fitted_for_engine(
                 control,
                 self.model_path,

@@ -1,0 +1,129 @@
+"""`FitAhead`: the Hydra callback that fits a run's or sweep's vectors on one model load before any engine starts.
+
+With an engine backend (`backend=vllm`, or `vllm_serve` with `backend.options.launch=true`), a job whose control
+fits a vector from hidden states (CAA with `data=`, ActAdd with a prompt pair) fits it on the Hugging Face model of
+the checkpoint before its engine starts, and caches it (`backends.vllm.fit`). One job at a time, that costs an
+engine restart per vector on `backend=vllm` and, on a launched server, a Hugging Face load beside the server. This
+callback does those fits first, in the launching process, on one load, before `LaunchServer` starts a server (it is
+listed before it) and before any job: the jobs then find every vector in the cache.
+
+Which jobs: a study's `StudyPlan.fit_jobs` (every configuration dev can choose, per concept), a basic sweep's
+jobs (`callbacks.expected_jobs`), or the single run. Each job's config is composed and its controls built as the
+job builds them; the backend's `fit_ahead` fits what they need. It acts only when `fit_ahead` is true and the
+run's backend fits vectors (`Backend.fits_vectors_with`). Nothing here can fail a sweep: a job config that does not
+compose or build is left to its job (which reports it), and a failed fit is one warning, after which each job fits
+its own vectors as before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from steer_hydra.app.compose import compose_config, to_plain
+from steer_hydra.core.identity import canonical_json
+
+logger = logging.getLogger(__name__)
+
+STUDY_SWEEPER = "hydra_plugins.steer_hydra_study.study_sweeper.StudySweeper"
+
+
+def fits_ahead(config: DictConfig) -> bool:
+    """Whether `config` (a run's, or a sweep's as its command line sets it) asks to fit vectors ahead: `fit_ahead`
+    is true and its backend fits vectors before its engine starts."""
+    from steer_hydra.core.backend import backend_class
+
+    if not OmegaConf.select(config, "fit_ahead", default=True):
+        return False
+    kind = OmegaConf.select(config, "backend.kind")
+    options = to_plain(OmegaConf.select(config, "backend.options")) or {}
+    try:
+        return backend_class(str(getattr(kind, "value", kind))).fits_vectors_with(options)
+    except (KeyError, ValueError, ImportError):  # an unknown backend: the job names it
+        return False
+
+
+def planned_jobs(config: DictConfig) -> list[list[str]]:
+    """The overrides of each job of the sweep `config` whose controls may fit something: a study's `fit_jobs`, or
+    every job of a basic sweep; [] for a sweeper this cannot plan (its jobs fit their own)."""
+    from steer_hydra.app.callbacks import expected_jobs
+    from steer_hydra.app.study import StudyRefused, plan_study
+
+    sweeper = OmegaConf.select(config, "hydra.sweeper") or {}
+    target = sweeper.get("_target_")
+    if target == STUDY_SWEEPER:
+        spec = {key: value for key, value in sweeper.items() if key != "_target_"}
+        try:
+            plan, passthrough = plan_study(spec, list(config.hydra.overrides.task), config)
+        except StudyRefused:  # the sweeper refuses it next, with its message
+            return []
+        return [list(job.overrides) for job in plan.fit_jobs(passthrough)]
+    if target and not str(target).endswith("BasicSweeper"):
+        return []
+    return [list(job) for job in dict.fromkeys(tuple(job) for job in expected_jobs(config))]
+
+
+def fit_ahead_of(configs: Iterable[DictConfig]) -> list[Path]:
+    """Fit the vectors the jobs of `configs` would fit, one model load per model source and backend among them;
+    returns the files written (none when everything was cached)."""
+    from steer_hydra.app.plan import build_controls
+    from steer_hydra.core.backend import backend_class
+    from steer_hydra.core.source import ModelSource
+
+    groups: dict[str, tuple[Any, ModelSource, dict[str, Any], list[Any]]] = {}
+    for config in configs:
+        model, spec = to_plain(config.model), to_plain(config.backend)
+        backend = backend_class(str(spec["kind"]))
+        options = dict(spec["options"] or {})
+        if not backend.fits_vectors_with(options):
+            continue
+        try:
+            controls = build_controls(config.arm.controls)
+        except Exception as error:  # noqa: BLE001 - the job reports its own config error
+            logger.debug("Fit ahead: a job's controls do not build (%s); the job reports it.", error)
+            continue
+        source = ModelSource.from_config(model)
+        key = canonical_json([dataclasses.asdict(source), spec])  # what the load depends on (not steering_layer)
+        groups.setdefault(key, (backend, source, options, []))[3].extend(controls)
+    written: list[Path] = []
+    for backend, source, options, controls in groups.values():
+        written += backend.fit_ahead(controls, source, options)
+    return written
+
+
+def _compose(jobs: list[list[str]]) -> Iterable[DictConfig]:
+    for job in jobs:
+        try:
+            yield compose_config(job)
+        except Exception as error:  # noqa: BLE001 - the job reports its own config error
+            logger.debug("Fit ahead: %s does not compose (%s); the job reports it.", job, error)
+
+
+class FitAhead(Callback):
+    """Fits every vector the run's or sweep's jobs would fit, on one model load, before any engine or job starts."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if fits_ahead(config):
+            self._fit(lambda: [config])
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if fits_ahead(config):
+            self._fit(lambda: _compose(planned_jobs(config)))
+
+    @staticmethod
+    def _fit(configs: Any) -> None:
+        start = time.monotonic()
+        try:
+            written = fit_ahead_of(configs())
+        except Exception as error:  # noqa: BLE001 - the jobs fit their own vectors, as without this callback
+            logger.warning("Fitting vectors ahead failed (%s); each job fits its own as it starts.", error)
+            return
+        if written:
+            logger.info("Fitted %d vector(s) ahead of the jobs in %.1f s", len(written), time.monotonic() - start)
