@@ -21,8 +21,8 @@ from typing import Any
 
 import pandas as pd
 
-from steer_hydra.analysis.frames import SAMPLE_ID_COLUMNS
-from steer_hydra.analysis.logs import arm_names, cells_from_logs, failed_samples, results_from_logs, task_samples
+from steer_hydra.analysis.frames import SAMPLE_ID_COLUMNS, cells_frame, results_frame
+from steer_hydra.analysis.logs import arm_names, failed_samples, logged_records, task_samples
 from steer_hydra.analysis.stats import paired_deltas
 from steer_hydra.analysis.table import SPREAD_METRICS, results_table
 from steer_hydra.core.files import write_csv
@@ -111,11 +111,17 @@ def cell_samples(
     """The cells of `config_ids` x `suites` (x `trial_ids`, None: every trial) in a save_dir, as a cells frame, and
     their per-(suite, task) sample frames with every scorer: the one way a job, a sweep, a rescore and the study
     read samples."""
-    cells = cells_from_logs(save_dir, names, seed=seed, config_ids=config_ids)
-    keep = cells["suite"].isin(list(suites)) if not cells.empty else []
+    records = logged_records(save_dir, names, seed=seed, config_ids=config_ids, suites=suites)
+    return _cell_samples(records, save_dir, trial_ids)
+
+
+def _cell_samples(
+    records: Mapping[str, Any], save_dir: str | Path, trial_ids: Collection[int] | None
+) -> tuple[pd.DataFrame, list[pd.DataFrame]]:
+    """`cell_samples` of records read already (`logs.logged_records`)."""
+    cells = cells_frame(records)
     if trial_ids is not None and not cells.empty:
-        keep &= cells["trial_id"].isin(list(trial_ids))
-    cells = cells[keep].reset_index(drop=True) if not cells.empty else cells
+        cells = cells[cells["trial_id"].isin(list(trial_ids))].reset_index(drop=True)
     return cells, ([f for f in task_samples(cells, Path(save_dir)) if not f.empty] if not cells.empty else [])
 
 
@@ -124,18 +130,18 @@ def compare(selection: CellSelection) -> Comparison:
     cells_by_dir, results, by_task = [], [], {}
     for seed, save_dir in selection.save_dirs.items():
         names = {**arm_names(save_dir), **selection.names}
-        read = {"config_ids": selection.config_ids, "suites": [selection.suite], "trial_ids": selection.trial_ids}
-        cells, samples = cell_samples(save_dir, names=names, seed=seed, **read)
+        read = {"config_ids": selection.config_ids, "suites": [selection.suite]}
+        records = logged_records(save_dir, names, seed=seed, **read)  # the selected cells' logs, read once
+        cells, samples = _cell_samples(records, save_dir, selection.trial_ids)
         if cells.empty:
             continue
         cells_by_dir.append((save_dir, cells))
-        found = results_from_logs(save_dir, names, seed=seed, config_ids=selection.config_ids)
-        results.append(_selected(found, selection))
+        results.append(_selected(results_frame(records), selection))
         for frame in samples:
             frame = frame.assign(model=selection.model)
             by_task.setdefault((frame["suite"].iloc[0], frame["task"].iloc[0]), []).append(frame)
-    results_frame = pd.concat(results, ignore_index=True) if results else pd.DataFrame(columns=["suite", "task"])
-    results_frame = results_frame.assign(model=selection.model)
+    found = pd.concat(results, ignore_index=True) if results else pd.DataFrame(columns=["suite", "task"])
+    found = found.assign(model=selection.model)
     frames = [pd.concat(parts, ignore_index=True) for parts in by_task.values()]
     base = selection.baseline_config_id
     deltas = pd.concat([d for d in (_deltas(f, base) for f in frames) if not d.empty] or [pd.DataFrame()])
@@ -144,11 +150,11 @@ def compare(selection: CellSelection) -> Comparison:
         deltas = deltas.assign(model=selection.model, seeds=seeds).reset_index(drop=True)
     return Comparison(
         cells=cells_by_dir,
-        results=results_frame,
+        results=found,
         frames=frames,
         deltas=deltas,
-        table=results_table(results_frame, deltas, base),
-        tasks_without_baseline=_tasks_without_baseline(results_frame, base),
+        table=results_table(found, deltas, base),
+        tasks_without_baseline=_tasks_without_baseline(found, base),
     )
 
 

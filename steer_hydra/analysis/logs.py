@@ -8,10 +8,10 @@ rebuilt from the logs, and the configuration records (`config_records`, `arm_nam
 - `task_samples`: one samples frame per (suite, task) of some cells, every scorer (what the job, the sweep and
   the study read);
 - `failed_samples`: the samples whose generation or scoring failed, with their first error line;
-- `results_from_logs` / `cells_from_logs`: the results and cells frames rebuilt from a `save_dir` alone (walked
-  through `store.SaveDir`, the owner of its layout), for all
-  configurations or the given `config_ids` (the `success` log per task wins; superseded partial logs of an
-  interrupted run are ignored);
+- `results_from_logs` / `cells_from_logs` (both from `logged_records`): the results and cells frames rebuilt from a
+  `save_dir` alone (walked through `store.SaveDir`, the owner of its layout), for all configurations and suites or
+  the given `config_ids` and `suites`, whose logs alone are read (the `success` log per task wins; superseded
+  partial logs of an interrupted run are ignored);
 - `task_result`: one task's result from its log header (metrics, scored and failed counts, location): the form
   run records and cell indexes hold, whether a suite has just run or a save_dir is read back;
 - damaged logs: `readable_logs` / `read_log_header` read log headers; an unreadable log (truncated, not a zip, no
@@ -376,13 +376,21 @@ def _finished_logs(log_dir: Path) -> dict[str, tuple[str, Any]]:
     return chosen
 
 
-def _records_from_logs(
-    save_dir: Path, names: Mapping[str, str] | None, seed: int | None, config_ids: Iterable[str] | None
+def logged_records(
+    save_dir: str | Path,
+    names: Mapping[str, str] | None = None,
+    *,
+    seed: int | None = None,
+    config_ids: Iterable[str] | None = None,
+    suites: Iterable[str] | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
+    """`{arm: [record, ...]}` (the form `SteeringEval.run()` returns) rebuilt from a save_dir's logs, with the
+    arguments of `results_from_logs`; `results_frame` and `cells_frame` flatten it (a reader needing both reads the
+    logs once)."""
     store = SaveDir(save_dir)
     names = store.arm_names() if names is None else names
     by_run: dict[tuple[str, int], dict[str, dict[str, Any]]] = {}
-    for logged in store.logged_cells(config_ids):
+    for logged in store.logged_cells(config_ids, suites):
         tasks: dict[str, Any] = {}
         suite_dir = logged.log_dir
         for log_dir in [suite_dir, *sorted(p for p in suite_dir.iterdir() if p.is_dir())]:
@@ -410,6 +418,7 @@ def results_from_logs(
     *,
     seed: int | None = None,
     config_ids: Iterable[str] | None = None,
+    suites: Iterable[str] | None = None,
 ) -> pd.DataFrame:
     """The results frame rebuilt from `save_dir/inspect_logs/<config_id>/trial_<t>/<suite>/` alone.
 
@@ -417,9 +426,10 @@ def results_from_logs(
     failed samples only); logs left by an interrupted run (status `started`) and superseded logs are ignored.
     `names` maps config_id to the arm (default: `arm_names(save_dir)`, else the config_id); `seed` is the seed the
     save_dir was run with (its trial seeds are derived from it; None: unseeded); `config_ids` keeps only those
-    configurations (default: every one in the save_dir). Log locations are relative to `save_dir`.
+    configurations and `suites` only those suites (default: every one in the save_dir; only the kept cells' logs are
+    read). Log locations are relative to `save_dir`.
     """
-    return results_frame(_records_from_logs(Path(save_dir), names, seed, config_ids))
+    return results_frame(logged_records(save_dir, names, seed=seed, config_ids=config_ids, suites=suites))
 
 
 def cells_from_logs(
@@ -428,9 +438,10 @@ def cells_from_logs(
     *,
     seed: int | None = None,
     config_ids: Iterable[str] | None = None,
+    suites: Iterable[str] | None = None,
 ) -> pd.DataFrame:
     """The cells frame (`cells_frame`) rebuilt from a save_dir's logs, with the arguments of `results_from_logs`."""
-    return cells_frame(_records_from_logs(Path(save_dir), names, seed, config_ids))
+    return cells_frame(logged_records(save_dir, names, seed=seed, config_ids=config_ids, suites=suites))
 
 
 def config_records(save_dir: str | Path) -> dict[str, dict[str, Any]]:

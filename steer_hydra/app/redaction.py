@@ -185,6 +185,7 @@ class RedactSecrets(Callback):
     def __init__(self, output_subdir: str = ".hydra") -> None:
         self.output_subdir = output_subdir
         self.environ_names: list[str] = []  # the variables this sweep's secrets moved into (names only)
+        self._multirun_seen: tuple[str, int, int] | None = None  # multirun.yaml as last redacted: path, mtime, size
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         install_log_redaction(redactor_for(config))
@@ -225,6 +226,9 @@ class RedactSecrets(Callback):
         path = Path(str(OmegaConf.select(config, "hydra.sweep.dir"))) / "multirun.yaml"
         if not path.is_file():
             return
+        seen = (str(path), path.stat().st_mtime_ns, path.stat().st_size)
+        if seen == self._multirun_seen:  # redacted already by this process's earlier job (it is written once a sweep)
+            return
         saved = OmegaConf.load(path)
         redactor = Redactor(
             [str(o) for o in [*(OmegaConf.select(saved, "hydra.overrides.task") or []), *_hydra_overrides(saved)]]
@@ -232,3 +236,4 @@ class RedactSecrets(Callback):
         text = redacted_yaml(saved, redactor)
         if text != path.read_text(encoding="utf-8"):
             atomic_write_text(path, text)
+        self._multirun_seen = (str(path), path.stat().st_mtime_ns, path.stat().st_size)

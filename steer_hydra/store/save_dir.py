@@ -92,9 +92,12 @@ class SaveDir:
     def log_dir(self, cell: Cell) -> Path:
         return self.config_log_dir(cell.config_id) / f"{TRIAL_PREFIX}{cell.trial_id}" / cell.suite
 
-    def logged_cells(self, config_ids: Iterable[str] | None = None) -> Iterator[LoggedCell]:
-        """Every cell with a log directory, in path order (of `config_ids` only, when given)."""
+    def logged_cells(
+        self, config_ids: Iterable[str] | None = None, suites: Iterable[str] | None = None
+    ) -> Iterator[LoggedCell]:
+        """Every cell with a log directory, in path order (of `config_ids` and of `suites` only, when given)."""
         wanted = None if config_ids is None else set(config_ids)
+        wanted_suites = None if suites is None else set(suites)
         root = self.logs_root
         for config_dir in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
             if wanted is not None and config_dir.name not in wanted:
@@ -104,6 +107,8 @@ class SaveDir:
                 if not trial.isdigit():
                     continue
                 for suite_dir in sorted(p for p in trial_dir.iterdir() if p.is_dir()):
+                    if wanted_suites is not None and suite_dir.name not in wanted_suites:
+                        continue
                     yield LoggedCell(Cell(config_dir.name, int(trial), suite_dir.name), suite_dir)
 
     def suite_logs(self, suite: str) -> list[Path]:

@@ -36,7 +36,7 @@ from steer_hydra.backends.vllm.lowering import (
     row_seeds,
     sampling_fields,
 )
-from steer_hydra.backends.vllm.steering import EngineSteering
+from steer_hydra.backends.vllm.steering import EngineSteering, needs_fit
 from steer_hydra.core.backend import Backend
 from steer_hydra.core.capabilities import Capability
 from steer_hydra.core.controls import RequestFields
@@ -88,7 +88,7 @@ class TokenEngineBackend(EngineSteering, Backend):
     def fit_ahead(cls, controls: Sequence[Any], source: ModelSource, options: Mapping[str, Any]) -> list[Path]:
         """The vectors `controls` fit from hidden states (`fit.needs_fit`), fitted on one Hugging Face load of the
         checkpoint, with the tokenizer and dtype a job's `load` takes, into the cache `steer_control` reads."""
-        from steer_hydra.backends.vllm.fit import fit_vectors, needs_fit
+        from steer_hydra.backends.vllm.fit import fit_vectors
 
         todo = [c for c in controls if needs_fit(c)] if cls.fits_vectors_with(options) else []
         if not todo or not source.model_name_or_path:

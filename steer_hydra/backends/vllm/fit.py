@@ -1,14 +1,14 @@
 """Vectors to fit for an engine backend: fitted on the Hugging Face model of the engine's checkpoint, cached on disk.
 
-A layer-vector control given data instead of a vector (CAA with `data=`, ActAdd with a prompt pair; `needs_fit`)
-needs hidden states, which a vLLM engine does not expose. `fitted_for_engine` loads the same checkpoint with
-transformers (on the GPU when there is one, else the CPU), runs the control's own fit there, and releases that model
-before the engine starts (`TokenEngineBackend.ready`); `fit_vectors` fits many controls on one load (the app fits a
-run's or sweep's vectors so before any engine or server starts: `app.prefit`). The vector is cached under
-`<cache_dir()>/vectors/<key>.safetensors` (`vector_path`), the key being a digest of the fit's identity: the control
-and the arguments its vector depends on (`LayerVectorControl.fit_identity`), the checkpoint (its folder and the size
-and modification time of its weight and config files) and the dtype and device kind of the fit. The jobs of a sweep
-fit once; a changed checkpoint or fit argument fits again.
+A layer-vector control given data instead of a vector (CAA with `data=`, ActAdd with a prompt pair:
+`steering.needs_fit`) needs hidden states, which a vLLM engine does not expose. `fitted_for_engine` loads the same
+checkpoint with transformers (on the GPU when there is one, else the CPU), runs the control's own fit there, and
+releases that model before the engine starts (`TokenEngineBackend.ready`); `fit_vectors` fits many controls on one
+load (the app fits a run's or sweep's vectors so before any engine or server starts: `app.prefit`). The vector is
+cached under `<cache_dir()>/vectors/<key>.safetensors` (`vector_path`), the key being a digest of the fit's
+identity: the control and the arguments its vector depends on (`LayerVectorControl.fit_identity`), the checkpoint
+(its folder and the size and modification time of its weight and config files) and the dtype and device kind of
+the fit. The jobs of a sweep fit once; a changed checkpoint or fit argument fits again.
 """
 
 from __future__ import annotations
@@ -57,15 +57,6 @@ def fit_key(control: Any, model_path: str, *, dtype: torch.dtype, device: str) -
         "device": device,
     }
     return hashlib.sha256(canonical_json(payload).encode()).hexdigest()[:32]
-
-
-def needs_fit(control: Any) -> bool:
-    """Whether an engine backend fits `control`'s vector on the Hugging Face model first: a control the engine runs
-    (`steering.is_lowerable`) that fits from hidden states (CAA with `data=`, ActAdd with a prompt pair)."""
-    from steer_hydra.backends.vllm.steering import is_lowerable
-    from steer_hydra.core.capabilities import Capability
-
-    return is_lowerable(control) and Capability.HIDDEN_CAPTURE in control.requirements()
 
 
 def _torch_dtype(dtype: Any) -> torch.dtype:

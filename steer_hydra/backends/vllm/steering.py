@@ -117,6 +117,12 @@ def is_lowerable(control: Any) -> bool:
     return isinstance(control, StateControl) and control.adds_residual
 
 
+def needs_fit(control: Any) -> bool:
+    """Whether an engine backend fits `control`'s vector on the Hugging Face model first (`fit`): a control the
+    engine runs that fits from hidden states (CAA with `data=`, ActAdd with a prompt pair)."""
+    return is_lowerable(control) and Capability.HIDDEN_CAPTURE in control.requirements()
+
+
 def lowered_requirements(control: Any) -> frozenset[Capability]:
     """A lowerable control needs no in-process torch; fitting its vector still needs hidden-state capture."""
     needs = control.requirements()
@@ -231,7 +237,7 @@ class EngineSteering:
         if self.model_path is None:
             raise ValueError(f"backend={self.kind} lowers {type(control).__name__} from model_name_or_path=; none.")
         trust_remote_code = getattr(self, "_trust_remote_code", False)
-        from steer_hydra.backends.vllm.fit import fitted_for_engine, needs_fit
+        from steer_hydra.backends.vllm.fit import fitted_for_engine
 
         if needs_fit(control) and self.fits_vectors_with(self.options):
             steer_kwargs["fitted_vector"] = fitted_for_engine(
