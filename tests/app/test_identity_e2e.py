@@ -33,6 +33,25 @@ def test_display_names_and_baseline_ids(compose_cfg):
     assert other.baseline_config_id == JobPlan.from_config(compose_cfg(["arm=system_prompt"])).config_id
 
 
+def test_an_arms_default_is_composed_once_a_process_and_reads_its_concept_as_it_is_now(compose_cfg, tmp_path):
+    from steer_hydra.app import plan as plan_module
+
+    concept = tmp_path / "calm.yaml"
+    base = (plan_module.Path(plan_module.__file__).parents[1] / "tasks" / "concept_data" / "joy.yaml").read_text()
+    concept.write_text(base.replace("name: joy", "name: calm"))
+    compose_cfg(["arm=caa_concept", f"concept={concept}"])  # inside an initialized app, as a job is
+    plan_module._composed_arm.cache_clear()
+    choices = {"model": "tiny", "concept": str(concept)}
+    first = plan_module.arm_default_config_id("caa_concept", choices)
+    again = plan_module.arm_default_config_id("caa_concept", choices)
+    assert first == again is not None and plan_module._composed_arm.cache_info().misses == 1
+    concept.write_text(base.replace("name: joy", "name: calm").replace("wonderful!", "splendid!"))
+    edited = plan_module.arm_default_config_id("caa_concept", choices)  # its pairs changed: another configuration
+    assert edited != first and plan_module._composed_arm.cache_info().misses == 1
+    plan_module.arm_default_config_id("caa_concept", {**choices, "model": "smollm2"})  # another model: composed
+    assert plan_module._composed_arm.cache_info().misses == 2
+
+
 def _rows(path):
     return list(csv.DictReader(path.open())) if path.exists() else []
 

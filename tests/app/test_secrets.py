@@ -259,3 +259,25 @@ def test_a_password_inside_a_url_reaches_no_file_and_no_console_line(run_app, tm
     assert f"me:{REDACTED}@127.0.0.1" in out + err  # the URL is still shown, without its password
     assert URL_PASSWORD not in out + err
     assert files_holding(outputs, (URL_PASSWORD,)) == []
+
+
+def test_the_sweeps_multirun_yaml_is_redacted_once_per_process_and_again_when_written_again(tmp_path, monkeypatch):
+    from steer_hydra.app.redaction import RedactSecrets
+
+    def write() -> None:
+        saved = {"hydra": {"overrides": {"task": [f"+secret_token={KEY_SECRET}", "seed=1"], "hydra": []}}}
+        OmegaConf.save(OmegaConf.create(saved), tmp_path / "multirun.yaml")
+
+    loads = []
+    original = OmegaConf.load
+    monkeypatch.setattr(OmegaConf, "load", lambda path: loads.append(path) or original(path))
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
+    callback = RedactSecrets()
+    write()
+    callback._redact_multirun_yaml(config)  # the first job of the sweep
+    assert KEY_SECRET not in (tmp_path / "multirun.yaml").read_text() and len(loads) == 1
+    callback._redact_multirun_yaml(config)  # the next job of this process: the file is as it was left
+    assert len(loads) == 1
+    write()  # written again (a sweeper saving it anew): redacted again
+    callback._redact_multirun_yaml(config)
+    assert KEY_SECRET not in (tmp_path / "multirun.yaml").read_text() and len(loads) == 2
