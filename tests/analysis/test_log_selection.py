@@ -61,8 +61,10 @@ def test_results_of_some_suites_read_only_their_logs(save_dir, reads):
     some = results_from_logs(save, suites=["smoke"])
     assert set(reads) == {"smoke"}  # no header of another suite's log was read
     expected = every[every["suite"] == "smoke"].reset_index(drop=True)
-    assert some.sort_values(list(some.columns)).reset_index(drop=True).equals(
-        expected.sort_values(list(expected.columns)).reset_index(drop=True)
+    assert (
+        some.sort_values(list(some.columns))
+        .reset_index(drop=True)
+        .equals(expected.sort_values(list(expected.columns)).reset_index(drop=True))
     )
 
 
