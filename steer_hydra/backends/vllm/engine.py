@@ -86,7 +86,7 @@ class TokenEngineBackend(EngineSteering, Backend):
 
     @classmethod
     def fit_ahead(cls, controls: Sequence[Any], source: ModelSource, options: Mapping[str, Any]) -> list[Path]:
-        """The vectors `controls` fit from hidden states (`fit.needs_fit`), fitted on one Hugging Face load of the
+        """The vectors `controls` fit from hidden states (`needs_fit`), fitted on one Hugging Face load of the
         checkpoint, with the tokenizer and dtype a job's `load` takes, into the cache `steer_control` reads."""
         from steer_hydra.backends.vllm.fit import fit_vectors
 
