@@ -60,10 +60,14 @@ def planned_jobs(config: DictConfig) -> list[list[str]]:
     target = sweeper.get("_target_")
     if target == STUDY_SWEEPER:
         spec = {key: value for key, value in sweeper.items() if key != "_target_"}
+        concepts = logging.getLogger("steer_hydra.tasks.concepts")
+        quiet, concepts.disabled = concepts.disabled, True  # the sweeper plans it next and warns of what it leaves out
         try:
             plan, passthrough = plan_study(spec, list(config.hydra.overrides.task), config)
         except StudyRefused:  # the sweeper refuses it next, with its message
             return []
+        finally:
+            concepts.disabled = quiet
         return [list(job.overrides) for job in plan.fit_jobs(passthrough)]
     if target and not str(target).endswith("BasicSweeper"):
         return []

@@ -79,6 +79,22 @@ def test_a_studys_vectors_are_fitted_on_one_load_before_any_job(app, tmp_path):
     assert app.loads == [tiny]
 
 
+def test_planning_the_fit_leaves_the_warning_about_unusable_concepts_to_the_sweeper(app, monkeypatch, tmp_path):
+    import logging
+
+    from steer_hydra.app.study import plan_study
+
+    warned: list[str] = []
+    concepts = logging.getLogger("steer_hydra.tasks.concepts")
+    monkeypatch.setattr(concepts, "handle", lambda record: warned.append(record.getMessage()))
+    missing = tmp_path / "missing.yaml"  # left out of the study, with a warning
+    config = app(*STUDY, *STUDY_GRID, sweep=[f"concept=weddings,{missing}"])
+    assert len(planned_jobs(config)) == 2 + 3 * 2 and warned == []
+    spec = {k: v for k, v in config.hydra.sweeper.items() if k != "_target_"}
+    plan_study(spec, list(config.hydra.overrides.task), config)  # what the sweeper does next: the one warning
+    assert len(warned) == 1 and "no such concept file" in warned[0]
+
+
 def test_a_vector_fitted_ahead_is_the_one_a_job_would_fit_and_finds(app, tmp_path, monkeypatch):
     config = app(*STUDY, *STUDY_GRID, sweep=STUDY_SWEEP)
     FitAhead().on_multirun_start(config)
