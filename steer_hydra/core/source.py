@@ -76,3 +76,12 @@ class ModelSource:
 
     def replace(self, **changes: Any) -> ModelSource:
         return dataclasses.replace(self, **changes)
+
+
+def checkpoint_dtype(dtype: Any) -> Any:
+    """The torch dtype a model group's `hf_model_kwargs.dtype` names (a name or a torch dtype); float32 when it is
+    unset or "auto": what a checkpoint is loaded in to fit or train on it for an engine backend."""
+    import torch
+
+    value = getattr(torch, dtype) if isinstance(dtype, str) and dtype != "auto" else (dtype or torch.float32)
+    return value if isinstance(value, torch.dtype) else torch.float32

@@ -26,6 +26,7 @@ import torch
 
 from steer_hydra.core import resident
 from steer_hydra.core.identity import canonical_json
+from steer_hydra.core.source import checkpoint_dtype
 from steer_hydra.models.loading import model_construction
 from steer_hydra.models.references import cache_dir
 
@@ -59,15 +60,9 @@ def fit_key(control: Any, model_path: str, *, dtype: torch.dtype, device: str) -
     return hashlib.sha256(canonical_json(payload).encode()).hexdigest()[:32]
 
 
-def _torch_dtype(dtype: Any) -> torch.dtype:
-    """The fit's dtype: the model group's (a name or a torch dtype); float32 when unset or "auto"."""
-    dtype = getattr(torch, dtype, None) if isinstance(dtype, str) and dtype != "auto" else dtype
-    return dtype if isinstance(dtype, torch.dtype) else torch.float32
-
-
 def vector_path(control: Any, model_path: str, *, dtype: Any = None) -> Path:
     """Where the vector `control` fits on `model_path` (in `dtype`, as `fitted_for_engine` takes it) is cached."""
-    key = fit_key(control, model_path, dtype=_torch_dtype(dtype), device=_fit_device())
+    key = fit_key(control, model_path, dtype=checkpoint_dtype(dtype), device=_fit_device())
     return cache_dir() / "vectors" / f"{key}.safetensors"
 
 
@@ -127,7 +122,7 @@ def _fit(
     )
     with model_construction():  # transformers' loading patches process state: one load at a time (models.loading)
         model = AutoModelForCausalLM.from_pretrained(
-            model_path, dtype=_torch_dtype(dtype), trust_remote_code=trust_remote_code
+            model_path, dtype=checkpoint_dtype(dtype), trust_remote_code=trust_remote_code
         )
     vectors = {}
     try:

@@ -48,6 +48,7 @@ from steer_hydra.core.controls import BaseArgs, InputControl
 from steer_hydra.core.files import read_json, write_json
 from steer_hydra.core.rendering import has_chat_template
 from steer_hydra.core.scoring import as_score
+from steer_hydra.core.source import checkpoint_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -473,8 +474,7 @@ class PromptOptimizer(InputControl):
             raise ValueError(f"{type(self).__name__} optimizes on model_name_or_path=; the backend has none.")
         from transformers import AutoModelForCausalLM
 
-        dtype = getattr(torch, dtype) if isinstance(dtype, str) and dtype != "auto" else (dtype or torch.float32)
-        dtype = dtype if isinstance(dtype, torch.dtype) else torch.float32
+        dtype = checkpoint_dtype(dtype)
         device = "cuda" if torch.cuda.is_available() else "cpu"
         try:
             model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, trust_remote_code=trust_remote_code)

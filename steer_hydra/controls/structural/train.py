@@ -61,6 +61,7 @@ from steer_hydra.controls.structural.lora import LoRAAdapter, LoRAArtifact
 from steer_hydra.core.capabilities import Capability
 from steer_hydra.core.controls import BaseArgs, StructuralControl
 from steer_hydra.core.files import read_json, write_json
+from steer_hydra.core.source import checkpoint_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -381,8 +382,7 @@ class TrainedAdapter(StructuralControl):
         `export_lora()` then serves it."""
         if model_path is None:
             raise ValueError(f"{type(self).__name__} trains on model_name_or_path=; the backend has none.")
-        dtype = getattr(torch, dtype) if isinstance(dtype, str) and dtype != "auto" else (dtype or torch.float32)
-        dtype = dtype if isinstance(dtype, torch.dtype) else torch.float32
+        dtype = checkpoint_dtype(dtype)
         memo = self._base_memo(model_path, dtype)
         base_digest = read_json(memo)["weights"] if memo is not None and memo.is_file() else None
         rows = self.training_rows(tokenizer)
