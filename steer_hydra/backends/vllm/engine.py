@@ -77,12 +77,17 @@ class TokenEngineBackend(EngineSteering, Backend):
         self._trust_remote_code = False
         self._opened = False
         self._model_dtype: Any = None
-        self.uses_model_dtype = self.uses_model_dtype_with(self.options)
 
     @classmethod
     def uses_model_dtype_with(cls, options: Mapping[str, Any]) -> bool:
         """Whether the engine runs at the model group's `hf_model_kwargs.dtype` with these options."""
         return cls.uses_model_dtype
+
+    @classmethod
+    def _model_dtype_of(cls, source: ModelSource, options: Mapping[str, Any]) -> Any:
+        """The model group's dtype where the engine runs at it (`uses_model_dtype_with`), else None: what a vector
+        is fitted in, in a job (`load`) and ahead of one (`fit_ahead`) alike."""
+        return source.hf_model_kwargs.get("dtype") if cls.uses_model_dtype_with(options) else None
 
     @classmethod
     def fit_ahead(cls, controls: Sequence[Any], source: ModelSource, options: Mapping[str, Any]) -> list[Path]:
@@ -96,7 +101,7 @@ class TokenEngineBackend(EngineSteering, Backend):
         model_path = resolve_model_reference(source.model_name_or_path)
         trust = source.trust_remote_code
         tokenizer = cls._client_tokenizer(None, source.tokenizer_name_or_path or model_path, trust)
-        dtype = source.hf_model_kwargs.get("dtype") if cls.uses_model_dtype_with(options) else None
+        dtype = cls._model_dtype_of(source, options)
         return fit_vectors(todo, model_path, tokenizer, trust_remote_code=trust, dtype=dtype)
 
     # ------------------------------------------------------------------ load
@@ -107,8 +112,9 @@ class TokenEngineBackend(EngineSteering, Backend):
                 f"({type(model).__name__}). Fix: pass model_name_or_path= (save_pretrained a custom model first), "
                 "or use backend=huggingface."
             )
-        self._model_dtype = source.hf_model_kwargs.get("dtype") if self.uses_model_dtype else None
-        unused = sorted(k for k in source.hf_model_kwargs if not (k == "dtype" and self.uses_model_dtype))
+        self._model_dtype = self._model_dtype_of(source, self.options)
+        uses_dtype = self.uses_model_dtype_with(self.options)
+        unused = sorted(k for k in source.hf_model_kwargs if not (k == "dtype" and uses_dtype))
         if unused:
             logger.warning(
                 "hf_model_kwargs %s are not used by backend=%s; engine settings go in the backend options.",
