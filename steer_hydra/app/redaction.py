@@ -226,8 +226,7 @@ class RedactSecrets(Callback):
         path = Path(str(OmegaConf.select(config, "hydra.sweep.dir"))) / "multirun.yaml"
         if not path.is_file():
             return
-        seen = (str(path), path.stat().st_mtime_ns, path.stat().st_size)
-        if seen == self._multirun_seen:  # redacted already by this process's earlier job (it is written once a sweep)
+        if _stamp(path) == self._multirun_seen:  # redacted by an earlier job of this process
             return
         saved = OmegaConf.load(path)
         redactor = Redactor(
@@ -236,4 +235,10 @@ class RedactSecrets(Callback):
         text = redacted_yaml(saved, redactor)
         if text != path.read_text(encoding="utf-8"):
             atomic_write_text(path, text)
-        self._multirun_seen = (str(path), path.stat().st_mtime_ns, path.stat().st_size)
+        self._multirun_seen = _stamp(path)
+
+
+def _stamp(path: Path) -> tuple[str, int, int]:
+    """A file as last seen: its path, modification time and size (a rewrite changes one of them)."""
+    stat = path.stat()
+    return str(path), stat.st_mtime_ns, stat.st_size
