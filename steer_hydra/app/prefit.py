@@ -35,19 +35,24 @@ logger = logging.getLogger(__name__)
 STUDY_SWEEPER = "hydra_plugins.steer_hydra_study.study_sweeper.StudySweeper"
 
 
+def _backend(config: DictConfig) -> tuple[Any, dict[str, Any]]:
+    """The backend class and options of a run's or job's config."""
+    from steer_hydra.core.backend import backend_class
+
+    spec = to_plain(config.backend)
+    return backend_class(str(spec["kind"])), dict(spec["options"] or {})
+
+
 def fits_ahead(config: DictConfig) -> bool:
     """Whether `config` (a run's, or a sweep's as its command line sets it) asks to fit vectors ahead: `fit_ahead`
     is true and its backend fits vectors before its engine starts."""
-    from steer_hydra.core.backend import backend_class
-
     if not OmegaConf.select(config, "fit_ahead", default=True):
         return False
-    kind = OmegaConf.select(config, "backend.kind")
-    options = to_plain(OmegaConf.select(config, "backend.options")) or {}
     try:
-        return backend_class(str(getattr(kind, "value", kind))).fits_vectors_with(options)
+        backend, options = _backend(config)
     except (KeyError, ValueError, ImportError):  # an unknown backend: the job names it
         return False
+    return backend.fits_vectors_with(options)
 
 
 def planned_jobs(config: DictConfig) -> list[list[str]]:
@@ -78,14 +83,11 @@ def fit_ahead_of(configs: Iterable[DictConfig]) -> list[Path]:
     """Fit the vectors the jobs of `configs` would fit, one model load per model source and backend among them;
     returns the files written (none when everything was cached)."""
     from steer_hydra.app.plan import build_controls
-    from steer_hydra.core.backend import backend_class
     from steer_hydra.core.source import ModelSource
 
     groups: dict[str, tuple[Any, ModelSource, dict[str, Any], list[Any]]] = {}
     for config in configs:
-        model, spec = to_plain(config.model), to_plain(config.backend)
-        backend = backend_class(str(spec["kind"]))
-        options = dict(spec["options"] or {})
+        backend, options = _backend(config)
         if not backend.fits_vectors_with(options):
             continue
         try:
@@ -93,8 +95,8 @@ def fit_ahead_of(configs: Iterable[DictConfig]) -> list[Path]:
         except Exception as error:  # noqa: BLE001 - the job reports its own config error
             logger.debug("Fit ahead: a job's controls do not build (%s); the job reports it.", error)
             continue
-        source = ModelSource.from_config(model)
-        key = canonical_json([dataclasses.asdict(source), spec])  # what the load depends on (not steering_layer)
+        source = ModelSource.from_config(to_plain(config.model))
+        key = canonical_json([dataclasses.asdict(source), backend.kind, options])  # not steering_layer: one load
         groups.setdefault(key, (backend, source, options, []))[3].extend(controls)
     written: list[Path] = []
     for backend, source, options, controls in groups.values():
