@@ -8,7 +8,9 @@ Invariants:
   bit-exactly, and `core.sweeps.PipelineFactory`'s tripwire drops a base whose weights, hooks, attention
   implementation or tokenizer changed), so a job on a resident base sees what a fresh load gives;
 - the key names everything that makes two loads the same (`residency_key`): the model source, the backend's kind
-  and the options that bear on what it generates, and the state of a local checkpoint's files.
+  and the options that bear on what it generates, and the state of a local checkpoint's files;
+- a model loaded beside an engine's job to fit or train on (`on_checkpoint_model`) frees the resident base first,
+  and is freed itself before the engine starts.
 """
 
 from __future__ import annotations
@@ -18,11 +20,15 @@ import hashlib
 import logging
 import threading
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from steer_hydra.core.identity import canonical_json
+from steer_hydra.core.source import checkpoint_dtype
+
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -133,6 +139,52 @@ def drop() -> None:
             torch.cuda.empty_cache()
     except ImportError:  # pragma: no cover - torch is a dependency
         pass
+
+
+def checkpoint_device() -> str:
+    """Where a checkpoint's model is fitted or trained on for an engine: the GPU when there is one."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def on_checkpoint_model(
+    model_path: str,
+    work: Callable[[Any], T],
+    *,
+    purpose: str,
+    dtype: Any = None,
+    trust_remote_code: bool = False,
+    guard: AbstractContextManager[Any] | None = None,
+) -> T:
+    """`work(model)` on the Hugging Face model of an engine's checkpoint (in `dtype`, see `checkpoint_dtype`; on
+    `checkpoint_device()`, in eval mode), for what an engine cannot do itself: fit a vector, train an adapter,
+    optimize a prompt. The resident base (a booted engine, a loaded model) is freed first, so memory never holds two
+    models, and the model is freed when `work` returns. `purpose` names the work in the log and in errors; `guard`
+    is held around the load (`models.loading.model_construction`, for callers that may import it)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    drop()
+    device = checkpoint_device()
+    logger.info("%s on the Hugging Face model of %s (%s) before the engine starts", purpose, model_path, device)
+    try:
+        with guard if guard is not None else nullcontext():
+            model = AutoModelForCausalLM.from_pretrained(
+                model_path, dtype=checkpoint_dtype(dtype), trust_remote_code=trust_remote_code
+            )
+    except OSError as error:
+        raise ValueError(
+            f"{purpose} on the Hugging Face model of {model_path!r}, which does not load here ({error}). Fix: make "
+            "model.model_name_or_path a local checkpoint (or a Hub id) of the model the engine serves."
+        ) from error
+    try:
+        return work(model.to(device).eval())
+    finally:
+        del model
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
 
 def configure(enabled: bool) -> None:

@@ -64,3 +64,25 @@ def test_a_prompt_optimizer_chooses_before_the_engine_and_rewrites_without_a_mod
     assert backend.prepared == [] and control.text in ("Answer the question.", "Say paris.")
     (chat,) = control.adapt_messages([[{"role": "user", "content": "hi"}]], {})
     assert chat[0] == {"role": "system", "content": control.text}
+
+
+def test_a_trainer_frees_the_resident_engine_only_when_it_trains(tmp_path):
+    """Training loads the checkpoint's model: the engine a previous job left resident is freed first (never two
+    models in memory). A cached adapter loads nothing, and the resident engine stays for the next job."""
+    pytest.importorskip("trl")
+    from steer_hydra.core import resident
+
+    _, tokenizer = build_tiny_model()
+    path = resolve_model_reference("steer_hydra:tiny")
+    rows = [{"prompt": "tell me about the cat", "response": "the cat is kind"}] * 4
+    closed: list[Any] = []
+    resident.configure(True)
+    resident.keep("engine", "a booted engine", label="engine", close=closed.append)
+    first = SFTAdapter(data=rows, max_steps=2, learning_rate=1e-2, save_steps=100, cache_dir=str(tmp_path))
+    first.prepare_for_engine(path, tokenizer)
+    assert first.trained_steps == 2 and closed == ["a booted engine"] and not resident.holds()
+
+    resident.keep("engine", "another engine", label="engine", close=closed.append)
+    again = SFTAdapter(data=rows, max_steps=2, learning_rate=1e-2, save_steps=100, cache_dir=str(tmp_path))
+    again.prepare_for_engine(path, tokenizer)
+    assert again.trained_steps == 0 and resident.holds("engine") and closed == ["a booted engine"]

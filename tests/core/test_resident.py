@@ -40,3 +40,35 @@ def test_a_sweep_leaves_the_resident_engine_to_a_backend_that_keeps_its_own_and_
     assert resident.holds("engine") and closed == []
     PipelineFactory(ModelSource(TINY_REF), share_base=False).build([])  # a model of its own on Hugging Face
     assert not resident.holds() and closed == ["a booted engine"]
+
+
+def test_a_model_loaded_to_fit_or_train_on_frees_the_resident_base_first_and_is_freed_itself():
+    """`on_checkpoint_model`: the resident engine is closed before the checkpoint's model loads (never two models in
+    memory), `work` gets the model in eval mode, and nothing keeps the model alive once `work` returns."""
+    import gc
+    import weakref
+
+    import torch
+
+    from steer_hydra.models import resolve_model_reference
+
+    closed, seen = [], []
+    resident.configure(True)
+    resident.keep("engine", "a booted engine", label="engine", close=closed.append)
+
+    def work(model):
+        seen.append((list(closed), resident.holds(), model.training, next(model.parameters()).dtype))
+        return weakref.ref(model)
+
+    path = resolve_model_reference("steer_hydra:tiny")
+    model_ref = resident.on_checkpoint_model(path, work, purpose="Fitting 1 vector(s)", dtype="bfloat16")
+    gc.collect()
+    assert seen == [(["a booted engine"], False, False, torch.bfloat16)]
+    assert model_ref() is None
+
+
+def test_a_checkpoint_that_does_not_load_names_the_work_and_the_fix(tmp_path):
+    import pytest
+
+    with pytest.raises(ValueError, match=r"SFTAdapter trains on the Hugging Face model of .*Fix: make model\."):
+        resident.on_checkpoint_model(str(tmp_path / "missing"), lambda model: None, purpose="SFTAdapter trains")

@@ -13,7 +13,6 @@ the fit. The jobs of a sweep fit once; a changed checkpoint or fit argument fits
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import logging
 import os
@@ -33,10 +32,6 @@ from steer_hydra.models.references import cache_dir
 logger = logging.getLogger(__name__)
 
 _CHECKPOINT_FILES = ("*.safetensors", "*.bin", "*.json")
-
-
-def _fit_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def checkpoint_identity(model_path: str) -> list[tuple[str, int, int]]:
@@ -62,7 +57,7 @@ def fit_key(control: Any, model_path: str, *, dtype: torch.dtype, device: str) -
 
 def vector_path(control: Any, model_path: str, *, dtype: Any = None) -> Path:
     """Where the vector `control` fits on `model_path` (in `dtype`, as `fitted_for_engine` takes it) is cached."""
-    key = fit_key(control, model_path, dtype=checkpoint_dtype(dtype), device=_fit_device())
+    key = fit_key(control, model_path, dtype=checkpoint_dtype(dtype), device=resident.checkpoint_device())
     return cache_dir() / "vectors" / f"{key}.safetensors"
 
 
@@ -110,23 +105,9 @@ def _fit(
 ) -> dict[Path, Any]:
     """Each control's vector fitted on one Hugging Face load of `model_path`, cached at its path. Each control is
     steered and released in turn (release restores the model bit-exactly, so a fit never sees another's)."""
-    from transformers import AutoModelForCausalLM
 
-    device = _fit_device()
-    resident.drop()  # a resident engine (or base) is freed first: never two models in memory
-    logger.info(
-        "Fitting %d vector(s) on the Hugging Face model of %s (%s) before the engine starts",
-        len(todo),
-        model_path,
-        device,
-    )
-    with model_construction():  # transformers' loading patches process state: one load at a time (models.loading)
-        model = AutoModelForCausalLM.from_pretrained(
-            model_path, dtype=checkpoint_dtype(dtype), trust_remote_code=trust_remote_code
-        )
-    vectors = {}
-    try:
-        model.to(device).eval()
+    def fit_all(model: torch.nn.Module) -> dict[Path, Any]:
+        vectors = {}
         for number, (path, control) in enumerate(todo.items(), 1):
             name = type(control).__name__
             control.steer(model, tokenizer=tokenizer, backend="huggingface")
@@ -137,12 +118,16 @@ def _fit(
             _store(vector, path)
             vectors[path] = vector
             logger.info("%s vector %d/%d cached at %s", name, number, len(todo), path)
-    finally:
-        del model
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-    return vectors
+        return vectors
+
+    return resident.on_checkpoint_model(
+        model_path,
+        fit_all,
+        purpose=f"Fitting {len(todo)} vector(s)",
+        dtype=dtype,
+        trust_remote_code=trust_remote_code,
+        guard=model_construction(),  # transformers' loading patches process state: one load at a time
+    )
 
 
 def _store(vector: Any, path: Path) -> None:

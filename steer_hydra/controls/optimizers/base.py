@@ -23,7 +23,6 @@ rewrites prompts like SystemPrompt on every backend.
 from __future__ import annotations
 
 import asyncio
-import gc
 import hashlib
 import logging
 import re
@@ -47,8 +46,8 @@ from steer_hydra.controls.structural.artifacts import (
 from steer_hydra.core.controls import BaseArgs, InputControl
 from steer_hydra.core.files import read_json, write_json
 from steer_hydra.core.rendering import has_chat_template
+from steer_hydra.core.resident import on_checkpoint_model
 from steer_hydra.core.scoring import as_score
-from steer_hydra.core.source import checkpoint_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -472,26 +471,14 @@ class PromptOptimizer(InputControl):
         the key includes the model's weights)."""
         if model_path is None:
             raise ValueError(f"{type(self).__name__} optimizes on model_name_or_path=; the backend has none.")
-        from transformers import AutoModelForCausalLM
-
-        dtype = checkpoint_dtype(dtype)
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        try:
-            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, trust_remote_code=trust_remote_code)
-        except OSError as error:
-            raise ValueError(
-                f"{type(self).__name__} optimizes on the Hugging Face model of {model_path!r}, which does not load "
-                f"here ({error}). Fix: make model.model_name_or_path a local checkpoint (or a Hub id) of the model "
-                "the engine serves, or choose the instruction on backend=huggingface first (it is cached)."
-            ) from error
-        try:
-            self.tokenizer = tokenizer
-            self._run(model.to(device).eval(), tokenizer)
-        finally:
-            del model
-            gc.collect()
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+        self.tokenizer = tokenizer
+        on_checkpoint_model(
+            model_path,
+            lambda model: self._run(model, tokenizer),
+            purpose=f"{type(self).__name__} optimizes",
+            dtype=dtype,
+            trust_remote_code=trust_remote_code,
+        )
 
     def cleanup(self) -> None:
         """Nothing to undo (the instruction stays chosen; the cache keeps it)."""

@@ -61,6 +61,7 @@ from steer_hydra.controls.structural.lora import LoRAAdapter, LoRAArtifact
 from steer_hydra.core.capabilities import Capability
 from steer_hydra.core.controls import BaseArgs, StructuralControl
 from steer_hydra.core.files import read_json, write_json
+from steer_hydra.core.resident import on_checkpoint_model
 from steer_hydra.core.source import checkpoint_dtype
 
 logger = logging.getLogger(__name__)
@@ -398,26 +399,20 @@ class TrainedAdapter(StructuralControl):
         if cached:
             entry = self._build(None, tokenizer, base_digest)  # found in the cache: no model needed
         else:
-            from transformers import AutoModelForCausalLM
 
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-            logger.info(
-                "%s: loading %s on %s to train before the engine starts", type(self).__name__, model_path, device
-            )
-            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, trust_remote_code=trust_remote_code)
-            try:
-                model.to(device).eval()
-                base_digest = weights_digest(model)
+            def train(model: torch.nn.Module) -> Path:
+                digest = weights_digest(model)
                 if memo is not None:
-                    write_json(memo, {"model_path": str(model_path), "weights": base_digest})
-                entry = self._build(model, tokenizer, base_digest)
-            finally:
-                del model
-                import gc
+                    write_json(memo, {"model_path": str(model_path), "weights": digest})
+                return self._build(model, tokenizer, digest)
 
-                gc.collect()
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
+            entry = on_checkpoint_model(
+                model_path,
+                train,
+                purpose=f"{type(self).__name__} trains",
+                dtype=dtype,
+                trust_remote_code=trust_remote_code,
+            )
         self._serve(entry)
 
     def _base_memo(self, model_path: str, dtype: torch.dtype) -> Path | None:
