@@ -1,18 +1,20 @@
-"""`FitAhead`: the Hydra callback that fits a run's or sweep's vectors on one model load before any engine starts.
+"""`FitAhead`: the Hydra callback that fits a run's or sweep's vectors (on one model load) and trains its adapters
+before any engine starts.
 
 With an engine backend (`backend=vllm`, or `vllm_serve` with `backend.options.launch=true`), a job whose control
 fits a vector from hidden states (CAA with `data=`, ActAdd with a prompt pair) fits it on the Hugging Face model of
-the checkpoint before its engine starts, and caches it (`backends.vllm.fit`). One job at a time, that costs an
-engine restart per vector on `backend=vllm` and, on a launched server, a Hugging Face load beside the server. This
-callback does those fits first, in the launching process, on one load, before `LaunchServer` starts a server (it is
-listed before it) and before any job: the jobs then find every vector in the cache.
+the checkpoint before its engine starts, and caches it (`backends.vllm.fit`); a trainer (SFT, DPO) trains its
+adapter there the same way. One job at a time, that costs an engine restart per vector or adapter on
+`backend=vllm` and, on a launched server, a Hugging Face model beside the server. This callback does that work
+first, in the launching process, before `LaunchServer` starts a server (it is listed before it) and before any
+job: the jobs then find every vector and adapter in the cache.
 
 Which jobs: a study's `StudyPlan.fit_jobs` (every configuration dev can choose, per concept), a basic sweep's
 jobs (`callbacks.expected_jobs`), or the single run. Each job's config is composed and its controls built as the
 job builds them; the backend's `fit_ahead` fits what they need. It acts only when `fit_ahead` is true and the
 run's backend fits vectors (`Backend.fits_vectors_with`). Nothing here can fail a sweep: a job config that does not
-compose or build is left to its job (which reports it), and a failed fit is one warning, after which each job fits
-its own vectors as before.
+compose or build is left to its job (which reports it), and a failed fit or training is one warning, after which
+each job fits or trains its own as before.
 """
 
 from __future__ import annotations
@@ -80,8 +82,8 @@ def planned_jobs(config: DictConfig) -> list[list[str]]:
 
 
 def fit_ahead_of(configs: Iterable[DictConfig]) -> list[Path]:
-    """Fit the vectors the jobs of `configs` would fit, one model load per model source and backend among them;
-    returns the files written (none when everything was cached)."""
+    """Fit the vectors (one model load per model source and backend among them) and train the adapters the jobs of
+    `configs` would; returns what was written (nothing when everything was cached)."""
     from steer_hydra.app.plan import build_controls
     from steer_hydra.core.source import ModelSource
 
@@ -113,7 +115,7 @@ def _compose(jobs: list[list[str]]) -> Iterable[DictConfig]:
 
 
 class FitAhead(Callback):
-    """Fits every vector the run's or sweep's jobs would fit, on one model load, before any engine or job starts."""
+    """Fits every vector and trains every adapter the run's or sweep's jobs would, before any engine or job starts."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         if fits_ahead(config):
@@ -129,7 +131,13 @@ class FitAhead(Callback):
         try:
             written = fit_ahead_of(configs())
         except Exception as error:  # noqa: BLE001 - the jobs fit their own vectors, as without this callback
-            logger.warning("Fitting vectors ahead failed (%s); each job fits its own as it starts.", error)
+            logger.warning("Fitting ahead failed (%s); each job fits or trains its own as it starts.", error)
             return
         if written:
-            logger.info("Fitted %d vector(s) ahead of the jobs in %.1f s", len(written), time.monotonic() - start)
+            adapters = sum(path.is_dir() for path in written)  # a trained adapter is a cache folder, a vector a file
+            logger.info(
+                "Fitted %d vector(s) and trained %d adapter(s) ahead of the jobs in %.1f s",
+                len(written) - adapters,
+                adapters,
+                time.monotonic() - start,
+            )

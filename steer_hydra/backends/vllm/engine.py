@@ -98,11 +98,15 @@ class TokenEngineBackend(EngineSteering, Backend):
         todo = [c for c in controls if needs_fit(c)] if cls.fits_vectors_with(options) else []
         if not todo or not source.model_name_or_path:
             return []
+        model_path, tokenizer, dtype = cls._checkpoint_of(source, options)
+        return fit_vectors(todo, model_path, tokenizer, trust_remote_code=source.trust_remote_code, dtype=dtype)
+
+    @classmethod
+    def _checkpoint_of(cls, source: ModelSource, options: Mapping[str, Any]) -> tuple[str, Any, Any]:
+        """`(checkpoint path, tokenizer, dtype)` as a job's `load` takes them, for work done ahead of the jobs."""
         model_path = resolve_model_reference(source.model_name_or_path)
-        trust = source.trust_remote_code
-        tokenizer = cls._client_tokenizer(None, source.tokenizer_name_or_path or model_path, trust)
-        dtype = cls._model_dtype_of(source, options)
-        return fit_vectors(todo, model_path, tokenizer, trust_remote_code=trust, dtype=dtype)
+        tokenizer = cls._client_tokenizer(None, source.tokenizer_name_or_path or model_path, source.trust_remote_code)
+        return model_path, tokenizer, cls._model_dtype_of(source, options)
 
     # ------------------------------------------------------------------ load
     def load(self, source: ModelSource, *, model: Any = None, tokenizer: Any = None) -> None:

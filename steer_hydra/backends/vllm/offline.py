@@ -21,6 +21,7 @@ from __future__ import annotations
 import gc
 import logging
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,6 +37,7 @@ from steer_hydra.backends.vllm.steering import (
 )
 from steer_hydra.core import resident
 from steer_hydra.core.capabilities import Capability
+from steer_hydra.core.source import ModelSource
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +114,21 @@ class LoRAServing:
         if serves_lora(control):
             return frozenset()
         return super().requirements_of(control, options)
+
+    @classmethod
+    def fit_ahead(cls, controls: Sequence[Any], source: ModelSource, options: Mapping[str, Any]) -> list[Path]:
+        """The vectors to fit (the engine's `fit_ahead`), then what controls that declare `builds_ahead` (the
+        trainers) build in `prepare_for_engine`, each trained once into the cache the jobs' preparation reads."""
+        written = super().fit_ahead(controls, source, options)
+        ahead = [c for c in controls if getattr(c, "builds_ahead", False)] if cls.fits_vectors_with(options) else []
+        if not ahead or not source.model_name_or_path:
+            return written
+        model_path, tokenizer, dtype = cls._checkpoint_of(source, options)
+        for control in ahead:
+            control.prepare_for_engine(model_path, tokenizer, trust_remote_code=source.trust_remote_code, dtype=dtype)
+            if control.trained_steps:
+                written.append(control.artifact_path)
+        return written
 
     def steer_control(self, control: Any, tokenizer: Any, **steer_kwargs: Any) -> Any:
         prepare = getattr(control, "prepare_for_engine", None)

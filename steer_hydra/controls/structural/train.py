@@ -153,6 +153,9 @@ class TrainedAdapter(StructuralControl):
     supports_batching = True
     supports_refill = True
     restores_base = True  # edits the given model in place and restores it bit for bit: runs on a shared base
+    # what `prepare_for_engine` builds is found again without loading the model (the base's digest is memoised per
+    # checkpoint), so an engine backend trains it once before any engine starts (`fit_ahead`)
+    builds_ahead: ClassVar[bool] = True
 
     def _configure(self) -> None:
         self._adapter: LoRAAdapter | None = None
