@@ -88,11 +88,14 @@ def _isolated_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 @pytest.fixture(autouse=True)
 def _nothing_stays_resident():
-    """A base model a test's run kept resident (`core.resident`) never reaches the next test of this worker."""
+    """A base model a test's run kept resident (`core.resident`), or a log it read (`analysis.logs`), never reaches
+    the next test of this worker."""
     yield
+    from steer_hydra.analysis.logs import clear_log_cache
     from steer_hydra.core import resident
 
     resident.configure(False)
+    clear_log_cache()  # the logs a test's comparisons read are read anew by the next test
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -31,9 +31,12 @@ Columns follow `frames.RUN_ID_COLUMNS`. Inspect is imported lazily (only when lo
 from __future__ import annotations
 
 import logging
+import os
 import re
+import threading
 import zipfile
 import zlib
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -66,11 +69,49 @@ _DAMAGE_ERRORS: tuple[type[BaseException], ...] = (ValueError, KeyError, zipfile
 
 
 # ---------------------------------------------------------------------------------------------- samples
+_LOG_CACHE_SIZE = 16  # whole logs kept: a suite's tasks for two configurations with room to spare
+_log_cache: OrderedDict[tuple[str, int, int, int], Any] = OrderedDict()
+_log_cache_lock = threading.Lock()
+
+
 def _read_eval_log(path: str) -> Any:
-    """Read one `.eval` log with its samples (the tests replace this)."""
+    """Read one `.eval` log with its samples (the tests replace this).
+
+    A local log is read once per version of its file and kept (the last `_LOG_CACHE_SIZE`, per process): every job
+    of a suite compares against the baseline's logs, and a comparison reads each log for its samples and again for
+    its failures. The version is the file's (path, inode, size, modification time), so a log written again is read
+    again. Callers only read what it returns."""
     from inspect_ai.log import read_eval_log
 
-    return read_eval_log(path)
+    version = _file_version(path)
+    if version is None:
+        return read_eval_log(path)
+    with _log_cache_lock:
+        if version in _log_cache:
+            _log_cache.move_to_end(version)
+            return _log_cache[version]
+    log = read_eval_log(path)
+    with _log_cache_lock:
+        _log_cache[version] = log
+        while len(_log_cache) > _LOG_CACHE_SIZE:
+            _log_cache.popitem(last=False)
+    return log
+
+
+def _file_version(location: str) -> tuple[str, int, int, int] | None:
+    """`(path, inode, size, mtime_ns)` of a local log file; None for a remote location or a file not there."""
+    path = _local(location)
+    try:
+        stat = os.stat(path)
+    except OSError:  # remote (s3://...), or gone: read as before
+        return None
+    return (os.path.abspath(path), stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+
+def clear_log_cache() -> None:
+    """Forget every log `_read_eval_log` kept (the tests call it between tests)."""
+    with _log_cache_lock:
+        _log_cache.clear()
 
 
 def resolve_log_path(log: str, log_root: str | Path | None) -> str:

@@ -84,3 +84,34 @@ def test_a_jobs_comparison_reads_its_suites_logs_once(save_dir, reads):
     assert logs == 2 * 3  # two configurations, three tasks
     assert reads["other"] == 2 * logs  # each log's header once (results and cells) and the whole log once (samples)
     assert set(comparison.results["suite"]) == {"other"} and len(comparison.deltas) > 0
+
+
+def test_a_log_is_read_whole_once_per_version_of_its_file(save_dir, monkeypatch):
+    """The jobs of a suite all compare against the baseline's logs: a log already read whole is not read again
+    (the second comparison reads no log whole), until its file is written again."""
+    import os
+
+    save, ids = save_dir
+    whole: list[str] = []
+    original = inspect_ai.log.read_eval_log
+
+    def counting(location, *args, **kwargs):
+        if not kwargs.get("header_only"):
+            whole.append(str(location))
+        return original(location, *args, **kwargs)
+
+    monkeypatch.setattr(inspect_ai.log, "read_eval_log", counting)
+    selection = CellSelection(
+        save_dirs={0: save}, config_ids=[ids["brief"]], baseline_config_id=ids["baseline"], suite="third", model="tiny"
+    )
+    first = compare(selection)
+    logs = sorted(str(p) for p in (save / "inspect_logs").glob("*/trial_0/third/*.eval"))
+    assert sorted(whole) == logs  # each of the suite's logs once, whole
+    again = compare(selection)
+    assert sorted(whole) == logs and again.deltas.equals(first.deltas)
+
+    rewritten = logs[0]
+    stat = os.stat(rewritten)
+    os.utime(rewritten, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))  # the file written again
+    compare(selection)
+    assert sorted(whole) == sorted([*logs, rewritten])
