@@ -4,10 +4,10 @@ before any engine starts.
 With an engine backend (`backend=vllm`, or `vllm_serve` with `backend.options.launch=true`), a job whose control
 fits a vector from hidden states (CAA with `data=`, ActAdd with a prompt pair) fits it on the Hugging Face model of
 the checkpoint before its engine starts, and caches it (`backends.vllm.fit`); a trainer (SFT, DPO) trains its
-adapter there the same way. One job at a time, that costs an engine restart per vector or adapter on
-`backend=vllm` and, on a launched server, a Hugging Face model beside the server. This callback does that work
-first, in the launching process, before `LaunchServer` starts a server (it is listed before it) and before any
-job: the jobs then find every vector and adapter in the cache.
+adapter and a prompt optimizer chooses its instruction there the same way (`builds_ahead`). One job at a time,
+that costs an engine restart per vector, adapter or instruction on `backend=vllm` and, on a launched server, a
+Hugging Face model beside the server. This callback does that work first, in the launching process, before
+`LaunchServer` starts a server (it is listed before it) and before any job: the jobs then find it all cached.
 
 Which jobs: a study's `StudyPlan.fit_jobs` (every configuration dev can choose, per concept), a basic sweep's
 jobs (`callbacks.expected_jobs`), or the single run. Each job's config is composed and its controls built as the
@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -134,10 +135,6 @@ class FitAhead(Callback):
             logger.warning("Fitting ahead failed (%s); each job fits or trains its own as it starts.", error)
             return
         if written:
-            adapters = sum(path.is_dir() for path in written)  # a trained adapter is a cache folder, a vector a file
-            logger.info(
-                "Fitted %d vector(s) and trained %d adapter(s) ahead of the jobs in %.1f s",
-                len(written) - adapters,
-                adapters,
-                time.monotonic() - start,
-            )
+            kinds = Counter(path.parent.name for path in written)  # the cache folders: vectors, adapters, prompts
+            made = ", ".join(f"{count} in {kind}/" for kind, count in kinds.items())
+            logger.info("Built ahead of the jobs in %.1f s: %s", time.monotonic() - start, made)

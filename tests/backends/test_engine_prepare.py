@@ -86,3 +86,46 @@ def test_a_trainer_frees_the_resident_engine_only_when_it_trains(tmp_path):
     again = SFTAdapter(data=rows, max_steps=2, learning_rate=1e-2, save_steps=100, cache_dir=str(tmp_path))
     again.prepare_for_engine(path, tokenizer)
     assert again.trained_steps == 0 and resident.holds("engine") and closed == ["a booted engine"]
+
+
+def test_a_prompt_optimizer_chosen_ahead_is_found_by_the_job_without_loading_the_model(tmp_path, monkeypatch):
+    """Ahead of the jobs (`fit_ahead`), the checkpoint's model is loaded (freeing anything resident), the instruction
+    chosen and the model's digest memoised; the job's own preparation then finds the instruction cached, loads
+    nothing and leaves the engine resident."""
+    import transformers
+
+    from steer_hydra.backends.vllm.offline import VLLMBackend
+    from steer_hydra.core import ModelSource, resident
+    from steer_hydra.models import TINY_REF
+
+    _, tokenizer = build_tiny_model()
+    path = resolve_model_reference("steer_hydra:tiny")
+
+    def optimizer() -> PRewrite:
+        return PRewrite(
+            initial="Answer the question.",
+            data=[{"input": "what is the capital of france", "reference": "paris"}] * 2,
+            scorer=lambda response, row: float(len(response) % 3),
+            proposer=lambda prompt: "Say paris.",
+            rl_steps=0,
+            num_rewrites=1,
+            max_new_tokens=4,
+            cache_dir=str(tmp_path),
+        )
+
+    resident.configure(True)
+    closed: list[Any] = []
+    resident.keep("engine", "a booted engine", label="engine", close=closed.append)
+    first = optimizer()
+    (entry,) = VLLMBackend.fit_ahead([first], ModelSource(TINY_REF), {})
+    assert entry.parent.name == "prompts" and closed == ["a booted engine"]
+    assert VLLMBackend.fit_ahead([optimizer()], ModelSource(TINY_REF), {}) == []  # chosen already
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("a cached instruction must not load the model")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_load)
+    resident.keep("engine", "another engine", label="engine", close=closed.append)
+    again = optimizer()
+    assert again.prepare_for_engine(path, tokenizer) is None
+    assert again.reused and again.text == first.text and resident.holds("engine")

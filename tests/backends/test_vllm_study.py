@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -64,10 +65,10 @@ def test_a_study_on_one_launched_server_two_cells_at_a_time_reports_what_the_eng
                 os.killpg(process.pid, 9)
 
     assert out_served.count(" ready at ") == 1  # one server for the whole study, both phases
-    fitted = "Fitted 2 vector(s) and trained 0 adapter(s) ahead of the jobs"
+    fitted = re.compile(r"Built ahead of the jobs in [0-9.]+ s: 2 in vectors/$", re.MULTILINE)
     for out in (out_served, out_engine):  # both concepts' CAA vectors (one per concept: the layer is not swept)
-        assert out.count("Fitting ") == 1 and fitted in out, out[-4000:]
-    assert out_served.index(fitted) < out_served.index(" ready at ")  # before the server
+        assert out.count("Fitting ") == 1 and fitted.search(out), out[-4000:]
+    assert fitted.search(out_served).start() < out_served.index(" ready at ")  # before the server
     assert out_engine.count("Booting vLLM engine") == 1  # one engine for the study: no restart to fit a vector
     records = [json.loads(p.read_text()) for p in sweep_served.glob("*/job_record.json")]
     assert len({r["placement"]["pid"] for r in records}) == 2  # the jobs ran in joblib's two worker processes

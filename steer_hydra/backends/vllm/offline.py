@@ -117,17 +117,18 @@ class LoRAServing:
 
     @classmethod
     def fit_ahead(cls, controls: Sequence[Any], source: ModelSource, options: Mapping[str, Any]) -> list[Path]:
-        """The vectors to fit (the engine's `fit_ahead`), then what controls that declare `builds_ahead` (the
-        trainers) build in `prepare_for_engine`, each trained once into the cache the jobs' preparation reads."""
+        """The vectors to fit (the engine's `fit_ahead`), then what controls that declare `builds_ahead` (trainers,
+        prompt optimizers) build in `prepare_for_engine`, each once, into the cache the jobs' preparation reads."""
         written = super().fit_ahead(controls, source, options)
         ahead = [c for c in controls if getattr(c, "builds_ahead", False)] if cls.fits_vectors_with(options) else []
         if not ahead or not source.model_name_or_path:
             return written
         model_path, tokenizer, dtype = cls._checkpoint_of(source, options)
         for control in ahead:
-            control.prepare_for_engine(model_path, tokenizer, trust_remote_code=source.trust_remote_code, dtype=dtype)
-            if control.trained_steps:
-                written.append(control.artifact_path)
+            built = control.prepare_for_engine(
+                model_path, tokenizer, trust_remote_code=source.trust_remote_code, dtype=dtype
+            )
+            written += [built] if built is not None else []
         return written
 
     def steer_control(self, control: Any, tokenizer: Any, **steer_kwargs: Any) -> Any:

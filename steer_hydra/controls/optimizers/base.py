@@ -38,8 +38,12 @@ from steer_hydra.controls.rows import PROMPT_KEYS, first, read_rows, rows_digest
 from steer_hydra.controls.structural.artifacts import (
     build_artifact,
     cache_root,
+    checkpoint_digest_memo,
     content_key,
     file_sha256,
+    is_complete,
+    memoise_digest,
+    memoised_digest,
     tokenizer_digest,
     weights_digest,
 )
@@ -48,6 +52,7 @@ from steer_hydra.core.files import read_json, write_json
 from steer_hydra.core.rendering import has_chat_template
 from steer_hydra.core.resident import on_checkpoint_model
 from steer_hydra.core.scoring import as_score
+from steer_hydra.core.source import checkpoint_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -266,6 +271,9 @@ class PromptOptimizer(InputControl):
 
     supports_batching = True
     supports_refill = True
+    # what `prepare_for_engine` chooses is found again without loading the model (the base's digest is memoised
+    # per checkpoint), so an engine backend optimizes it once before any engine starts (`fit_ahead`)
+    builds_ahead: ClassVar[bool] = True
 
     def _configure(self) -> None:
         self.text: str | None = None
@@ -411,9 +419,9 @@ class PromptOptimizer(InputControl):
         cache entry; returns the record (`chosen`, `candidates`, ...)."""
         raise NotImplementedError
 
-    def _run(self, model: torch.nn.Module, tokenizer: Any) -> None:
+    def _run(self, model: torch.nn.Module, tokenizer: Any, base_digest: str | None = None) -> None:
         rows = self.training_rows()
-        key = self.optimization_key(rows, weights_digest(model), tokenizer)
+        key = self.optimization_key(rows, base_digest or weights_digest(model), tokenizer)
         self.evaluator = None
 
         def build(work: Path, out: Path) -> None:
@@ -466,19 +474,29 @@ class PromptOptimizer(InputControl):
 
     def prepare_for_engine(
         self, model_path: str | None, tokenizer: Any, *, trust_remote_code: bool = False, dtype: Any = None
-    ) -> None:
-        """Optimize on the Hugging Face model of the engine's checkpoint before the engine boots (always loads it:
-        the key includes the model's weights)."""
+    ) -> Path | None:
+        """Optimize on the Hugging Face model of the engine's checkpoint before the engine boots, or find the chosen
+        instruction in the cache without loading it (the checkpoint's weights digest is memoised once loaded).
+        Returns the cache entry chosen now (None when it was found cached)."""
         if model_path is None:
             raise ValueError(f"{type(self).__name__} optimizes on model_name_or_path=; the backend has none.")
         self.tokenizer = tokenizer
+        memo = checkpoint_digest_memo(model_path, checkpoint_dtype(dtype), self.cache_dir)
+        base_digest = memoised_digest(memo)
+        if base_digest is not None:
+            entry = self.cache_folder / self.optimization_key(self.training_rows(), base_digest, tokenizer)
+            if is_complete(entry):
+                self.reused = True
+                self._load(entry)
+                return None
         on_checkpoint_model(
             model_path,
-            lambda model: self._run(model, tokenizer),
+            lambda model: self._run(model, tokenizer, memoise_digest(memo, model_path, model)),
             purpose=f"{type(self).__name__} optimizes",
             dtype=dtype,
             trust_remote_code=trust_remote_code,
         )
+        return None if self.reused or self.optimization is None else Path(self.optimization["path"])
 
     def cleanup(self) -> None:
         """Nothing to undo (the instruction stays chosen; the cache keeps it)."""

@@ -141,6 +141,33 @@ def weights_digest(model: torch.nn.Module) -> str:
     return digest.hexdigest()
 
 
+def checkpoint_digest_memo(
+    model_path: str, dtype: torch.dtype, cache_dir: str | os.PathLike[str] | None = None
+) -> Path | None:
+    """Where the `weights_digest` of a local checkpoint's model loaded in `dtype` is memoised (None for a Hub id), so
+    an artifact built on an engine's checkpoint is found again without loading the model. Keyed by the folder and
+    the name, size and modification time of its weight and config files: a changed checkpoint is loaded again."""
+    folder = Path(model_path)
+    if not folder.is_dir():
+        return None
+    files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in (".safetensors", ".bin", ".json"))
+    stats = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    return cache_root(cache_dir) / "digests" / f"base-{content_key([str(folder.resolve()), stats, str(dtype)])}.json"
+
+
+def memoised_digest(memo: Path | None) -> str | None:
+    """The weights digest memoised at `memo` (`checkpoint_digest_memo`), or None."""
+    return read_json(memo)["weights"] if memo is not None and memo.is_file() else None
+
+
+def memoise_digest(memo: Path | None, model_path: str, model: torch.nn.Module) -> str:
+    """`weights_digest(model)` of the checkpoint at `model_path`, memoised at `memo` (when there is one)."""
+    digest = weights_digest(model)
+    if memo is not None:
+        write_json(memo, {"model_path": str(model_path), "weights": digest})
+    return digest
+
+
 def tokenizer_digest(tokenizer: Any) -> str | None:
     """sha256 of what a tokenizer contributes to formatted training text: vocabulary, special tokens, template."""
     if tokenizer is None:

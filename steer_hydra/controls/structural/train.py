@@ -49,9 +49,13 @@ from steer_hydra.controls.rows import (
 from steer_hydra.controls.structural.artifacts import (
     build_artifact,
     cache_root,
+    checkpoint_digest_memo,
     content_key,
     file_sha256,
     folder_sha256,
+    is_complete,
+    memoise_digest,
+    memoised_digest,
     read_record,
     tokenizer_digest,
     weights_digest,
@@ -381,55 +385,27 @@ class TrainedAdapter(StructuralControl):
     # ------------------------------------------------------------------ vLLM
     def prepare_for_engine(
         self, model_path: str | None, tokenizer: Any, *, trust_remote_code: bool = False, dtype: Any = None
-    ) -> None:
+    ) -> Path | None:
         """Train (or find) the adapter on the Hugging Face model of the engine's checkpoint, before the engine boots;
-        `export_lora()` then serves it."""
+        `export_lora()` then serves it. Returns the cache entry trained now (None when it was found cached)."""
         if model_path is None:
             raise ValueError(f"{type(self).__name__} trains on model_name_or_path=; the backend has none.")
-        dtype = checkpoint_dtype(dtype)
-        memo = self._base_memo(model_path, dtype)
-        base_digest = read_json(memo)["weights"] if memo is not None and memo.is_file() else None
+        memo = checkpoint_digest_memo(model_path, checkpoint_dtype(dtype), self.cache_dir)
+        base_digest = memoised_digest(memo)
         rows = self.training_rows(tokenizer)
-        cached = (
-            base_digest is not None
-            and (
-                cache_root(self.cache_dir)
-                / "adapters"
-                / self.training_key(rows, base_digest, tokenizer)
-                / "artifact.json"
-            ).is_file()
-        )
-        if cached:
-            entry = self._build(None, tokenizer, base_digest)  # found in the cache: no model needed
-        else:
-
-            def train(model: torch.nn.Module) -> Path:
-                digest = weights_digest(model)
-                if memo is not None:
-                    write_json(memo, {"model_path": str(model_path), "weights": digest})
-                return self._build(model, tokenizer, digest)
-
-            entry = on_checkpoint_model(
-                model_path,
-                train,
-                purpose=f"{type(self).__name__} trains",
-                dtype=dtype,
-                trust_remote_code=trust_remote_code,
-            )
-        self._serve(entry)
-
-    def _base_memo(self, model_path: str, dtype: torch.dtype) -> Path | None:
-        """Where the weights digest of a local checkpoint in `dtype` is memoised (None for a Hub id)."""
-        folder = Path(model_path)
-        if not folder.is_dir():
+        adapters = cache_root(self.cache_dir) / "adapters"
+        if base_digest is not None and is_complete(adapters / self.training_key(rows, base_digest, tokenizer)):
+            self._serve(self._build(None, tokenizer, base_digest))  # found in the cache: no model needed
             return None
-        files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in (".safetensors", ".bin", ".json"))
-        stats = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
-        return (
-            cache_root(self.cache_dir)
-            / "digests"
-            / f"base-{content_key([str(folder.resolve()), stats, str(dtype)])}.json"
+
+        def train(model: torch.nn.Module) -> Path:
+            return self._build(model, tokenizer, memoise_digest(memo, model_path, model))
+
+        entry = on_checkpoint_model(
+            model_path, train, purpose=f"{type(self).__name__} trains", dtype=dtype, trust_remote_code=trust_remote_code
         )
+        self._serve(entry)
+        return entry
 
     def export_lora(self) -> LoRAArtifact:
         """The trained adapter as an engine serves it (after `prepare_for_engine`)."""
