@@ -1,5 +1,5 @@
-"""`FitAhead`: the Hydra callback that fits a run's or sweep's vectors (on one model load) and trains its adapters
-before any engine starts.
+"""`FitAhead`: the Hydra callback that fits a run's or sweep's vectors (on one model load), trains its adapters and
+chooses its optimized instructions before any engine starts.
 
 With an engine backend (`backend=vllm`, or `vllm_serve` with `backend.options.launch=true`), a job whose control
 fits a vector from hidden states (CAA with `data=`, ActAdd with a prompt pair) fits it on the Hugging Face model of
@@ -83,8 +83,8 @@ def planned_jobs(config: DictConfig) -> list[list[str]]:
 
 
 def fit_ahead_of(configs: Iterable[DictConfig]) -> list[Path]:
-    """Fit the vectors (one model load per model source and backend among them) and train the adapters the jobs of
-    `configs` would; returns what was written (nothing when everything was cached)."""
+    """Fit the vectors (one model load per model source and backend among them), train the adapters and choose the
+    instructions the jobs of `configs` would; returns what was written (nothing when everything was cached)."""
     from steer_hydra.app.plan import build_controls
     from steer_hydra.core.source import ModelSource
 
@@ -116,7 +116,7 @@ def _compose(jobs: list[list[str]]) -> Iterable[DictConfig]:
 
 
 class FitAhead(Callback):
-    """Fits every vector and trains every adapter the run's or sweep's jobs would, before any engine or job starts."""
+    """Builds every vector, adapter and instruction the run's or sweep's jobs would, before any engine or job starts."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         if fits_ahead(config):

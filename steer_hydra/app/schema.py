@@ -192,9 +192,9 @@ class AppConfig:
     # a fresh load. false: every job loads its own (steer_hydra/core/resident.py).
     residency: bool = True
     # With an engine backend (backend=vllm, or vllm_serve with launch=true): fit the jobs' vectors on one Hugging
-    # Face load, and train their adapters (SFT, DPO), in the launching process before any engine or server starts
-    # (steer_hydra/app/prefit.py). false: each job fits or trains its own as it starts (e.g. where the launching
-    # machine is a cluster's login node).
+    # Face load, and train their adapters (SFT, DPO) and choose their instructions (prompt optimizers), in the
+    # launching process before any engine or server starts (steer_hydra/app/prefit.py). false: each job does its
+    # own as it starts (e.g. where the launching machine is a cluster's login node).
     fit_ahead: bool = True
     # The study's concept list and how many of it to run (read by the study sweeper from the command line, never
     # by a job): concepts=[a,b], concepts=<file listing them>, concepts=axbench:<folder or hub id> or
