@@ -5,14 +5,17 @@ a stub backend stands in for the engine half."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
+import transformers
 
-from steer_hydra.backends.vllm.offline import LoRAServing
+from steer_hydra.backends.vllm.offline import LoRAServing, VLLMBackend
 from steer_hydra.controls.optimizers import PRewrite
 from steer_hydra.controls.structural import SFTAdapter
-from steer_hydra.models import build_tiny_model, resolve_model_reference
+from steer_hydra.core import ModelSource, resident
+from steer_hydra.models import TINY_REF, build_tiny_model, resolve_model_reference
 
 pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"), pytest.mark.filterwarnings("ignore::FutureWarning")]
 
@@ -47,9 +50,9 @@ def test_a_trainer_is_trained_before_the_engine_and_its_adapter_served(tmp_path)
     assert backend._lora is artifact and artifact.name.startswith("sft-")
 
 
-def test_a_prompt_optimizer_chooses_before_the_engine_and_rewrites_without_a_model(tmp_path):
-    _, tokenizer = build_tiny_model()
-    control = PRewrite(
+def _prewrite(cache_dir: Path) -> PRewrite:
+    """A prompt optimizer that runs in seconds on the tiny model (one proposed rewrite, no RL)."""
+    return PRewrite(
         initial="Answer the question.",
         data=[{"input": "what is the capital of france", "reference": "paris"}] * 2,
         scorer=lambda response, row: float(len(response) % 3),
@@ -57,8 +60,13 @@ def test_a_prompt_optimizer_chooses_before_the_engine_and_rewrites_without_a_mod
         rl_steps=0,
         num_rewrites=1,
         max_new_tokens=4,
-        cache_dir=str(tmp_path),
+        cache_dir=str(cache_dir),
     )
+
+
+def test_a_prompt_optimizer_chooses_before_the_engine_and_rewrites_without_a_model(tmp_path):
+    _, tokenizer = build_tiny_model()
+    control = _prewrite(tmp_path)
     backend = StubBackend(resolve_model_reference("steer_hydra:tiny"))
     backend.steer_control(control, tokenizer)
     assert backend.prepared == [] and control.text in ("Answer the question.", "Say paris.")
@@ -70,8 +78,6 @@ def test_a_trainer_frees_the_resident_engine_only_when_it_trains(tmp_path):
     """Training loads the checkpoint's model: the engine a previous job left resident is freed first (never two
     models in memory). A cached adapter loads nothing, and the resident engine stays for the next job."""
     pytest.importorskip("trl")
-    from steer_hydra.core import resident
-
     _, tokenizer = build_tiny_model()
     path = resolve_model_reference("steer_hydra:tiny")
     rows = [{"prompt": "tell me about the cat", "response": "the cat is kind"}] * 4
@@ -92,40 +98,21 @@ def test_a_prompt_optimizer_chosen_ahead_is_found_by_the_job_without_loading_the
     """Ahead of the jobs (`fit_ahead`), the checkpoint's model is loaded (freeing anything resident), the instruction
     chosen and the model's digest memoised; the job's own preparation then finds the instruction cached, loads
     nothing and leaves the engine resident."""
-    import transformers
-
-    from steer_hydra.backends.vllm.offline import VLLMBackend
-    from steer_hydra.core import ModelSource, resident
-    from steer_hydra.models import TINY_REF
-
     _, tokenizer = build_tiny_model()
     path = resolve_model_reference("steer_hydra:tiny")
-
-    def optimizer() -> PRewrite:
-        return PRewrite(
-            initial="Answer the question.",
-            data=[{"input": "what is the capital of france", "reference": "paris"}] * 2,
-            scorer=lambda response, row: float(len(response) % 3),
-            proposer=lambda prompt: "Say paris.",
-            rl_steps=0,
-            num_rewrites=1,
-            max_new_tokens=4,
-            cache_dir=str(tmp_path),
-        )
-
     resident.configure(True)
     closed: list[Any] = []
     resident.keep("engine", "a booted engine", label="engine", close=closed.append)
-    first = optimizer()
+    first = _prewrite(tmp_path)
     (entry,) = VLLMBackend.fit_ahead([first], ModelSource(TINY_REF), {})
     assert entry.parent.name == "prompts" and closed == ["a booted engine"]
-    assert VLLMBackend.fit_ahead([optimizer()], ModelSource(TINY_REF), {}) == []  # chosen already
+    assert VLLMBackend.fit_ahead([_prewrite(tmp_path)], ModelSource(TINY_REF), {}) == []  # chosen already
 
     def no_load(*args, **kwargs):
         raise AssertionError("a cached instruction must not load the model")
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_load)
     resident.keep("engine", "another engine", label="engine", close=closed.append)
-    again = optimizer()
+    again = _prewrite(tmp_path)
     assert again.prepare_for_engine(path, tokenizer) is None
     assert again.reused and again.text == first.text and resident.holds("engine")
