@@ -155,21 +155,28 @@ def test_a_failed_fit_is_one_warning_and_the_sweep_goes_on(app, tmp_path, monkey
 
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")  # transformers' renamed gradient-checkpointing flags, inside TRL
-def test_a_trainers_adapters_are_trained_ahead_and_a_job_finds_its_own_without_loading_the_model(app, tmp_path):
-    """SFT's adapter at each learning rate of the sweep is trained before any engine starts, one load per training;
-    the job's own preparation (`prepare_for_engine`, as `backend=vllm` calls it) then trains nothing and loads
-    nothing."""
+def test_a_trainers_adapters_are_trained_ahead_and_a_job_finds_its_own_without_loading_the_model(
+    app, tmp_path, monkeypatch
+):
+    """SFT's adapter at each learning rate of the sweep is trained before any engine starts, both on one load of the
+    checkpoint; the job's own preparation (`prepare_for_engine`, as `backend=vllm` calls it) then trains nothing and
+    loads nothing."""
     pytest.importorskip("trl")
     fixed = ["model=tiny", "backend=vllm", "concept=weddings", "arm=sft_concept", "+arm.controls.sft.max_steps=2"]
     config = app(*fixed, sweep=["arm.controls.sft.learning_rate=1e-4,5e-4"])
     FitAhead().on_multirun_start(config)
     tiny = resolve_model_reference("steer_hydra:tiny")
-    assert app.loads == [tiny, tiny]
+    assert app.loads == [tiny]
     assert len([p for p in (tmp_path / "cache" / "adapters").iterdir() if (p / "artifact.json").is_file()]) == 2
 
     job = app(*fixed, "arm.controls.sft.learning_rate=5e-4")
     (control,) = build_controls(job.arm.controls)
     model_path, tokenizer, dtype = VLLMBackend._checkpoint_of(ModelSource.from_config(dict(job.model)), {})
     control.prepare_for_engine(model_path, tokenizer, dtype=dtype)
-    assert control.trained_steps == 0 and app.loads == [tiny, tiny]
+    assert control.trained_steps == 0 and app.loads == [tiny]
     assert control.export_lora().path == str(control.artifact_path)
+
+    monkeypatch.setenv("STEER_HYDRA_CACHE", str(tmp_path / "alone"))  # the job training it itself, from nothing
+    (alone,) = build_controls(job.arm.controls)
+    alone.prepare_for_engine(model_path, tokenizer, dtype=dtype)
+    assert alone.trained_steps > 0 and alone.export_lora().sha256 == control.export_lora().sha256  # same bytes

@@ -118,17 +118,27 @@ class LoRAServing:
     @classmethod
     def fit_ahead(cls, controls: Sequence[Any], source: ModelSource, options: Mapping[str, Any]) -> list[Path]:
         """The vectors to fit (the engine's `fit_ahead`), then what controls that declare `builds_ahead` (trainers,
-        prompt optimizers) build in `prepare_for_engine`, each once, into the cache the jobs' preparation reads."""
+        prompt optimizers) build for an engine, all on one more load of the checkpoint, into the cache the jobs'
+        `prepare_for_engine` reads."""
         written = super().fit_ahead(controls, source, options)
         ahead = [c for c in controls if getattr(c, "builds_ahead", False)] if cls.fits_vectors_with(options) else []
         if not ahead or not source.model_name_or_path:
             return written
         model_path, tokenizer, dtype = cls._checkpoint_of(source, options)
-        for control in ahead:
-            built = control.prepare_for_engine(
-                model_path, tokenizer, trust_remote_code=source.trust_remote_code, dtype=dtype
+        todo = [c for c in ahead if not c.found_for_engine(model_path, tokenizer, dtype)]
+        if todo:  # one load of the checkpoint for every training and optimization still to do
+
+            def build_all(model: Any) -> list[Path]:
+                return [c.build_for_engine(model, model_path, tokenizer, dtype) for c in todo]
+
+            names = ", ".join(sorted({type(c).__name__ for c in todo}))
+            written += resident.on_checkpoint_model(
+                model_path,
+                build_all,
+                purpose=f"Building {len(todo)} artifact(s) of {names}",
+                dtype=dtype,
+                trust_remote_code=source.trust_remote_code,
             )
-            written += [built] if built is not None else []
         return written
 
     def steer_control(self, control: Any, tokenizer: Any, **steer_kwargs: Any) -> Any:

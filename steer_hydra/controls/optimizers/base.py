@@ -36,6 +36,7 @@ import torch
 from steer_hydra.controls.input.retemplate import encode_with_system, merge_system, real_rows
 from steer_hydra.controls.rows import PROMPT_KEYS, first, read_rows, rows_digest, split_rows
 from steer_hydra.controls.structural.artifacts import (
+    BuildsForEngine,
     build_artifact,
     cache_root,
     checkpoint_digest_memo,
@@ -50,7 +51,6 @@ from steer_hydra.controls.structural.artifacts import (
 from steer_hydra.core.controls import BaseArgs, InputControl
 from steer_hydra.core.files import read_json, write_json
 from steer_hydra.core.rendering import has_chat_template
-from steer_hydra.core.resident import on_checkpoint_model
 from steer_hydra.core.scoring import as_score
 from steer_hydra.core.source import checkpoint_dtype
 
@@ -232,7 +232,7 @@ class Evaluator:
         return sum(values) / len(values) if values else 0.0
 
 
-class PromptOptimizer(InputControl):
+class PromptOptimizer(BuildsForEngine, InputControl):
     """Base of the prompt optimizers: training rows and a scorer in, one chosen instruction out, applied as a system
     prompt (`target: system`, SystemPrompt's modes) or as a prefix of the last user message (`target: prefix`).
 
@@ -271,9 +271,6 @@ class PromptOptimizer(InputControl):
 
     supports_batching = True
     supports_refill = True
-    # what `prepare_for_engine` chooses is found again without loading the model (the base's digest is memoised
-    # per checkpoint), so an engine backend optimizes it once before any engine starts (`fit_ahead`)
-    builds_ahead: ClassVar[bool] = True
 
     def _configure(self) -> None:
         self.text: str | None = None
@@ -419,7 +416,9 @@ class PromptOptimizer(InputControl):
         cache entry; returns the record (`chosen`, `candidates`, ...)."""
         raise NotImplementedError
 
-    def _run(self, model: torch.nn.Module, tokenizer: Any, base_digest: str | None = None) -> None:
+    def _run(self, model: torch.nn.Module, tokenizer: Any, base_digest: str | None = None) -> Path:
+        """Choose (or find) the instruction on `model`, whose weights digest is `base_digest` when known; returns the
+        cache entry. The model is only generated from (PRewrite's RL trains a copy)."""
         rows = self.training_rows()
         key = self.optimization_key(rows, base_digest or weights_digest(model), tokenizer)
         self.evaluator = None
@@ -445,6 +444,7 @@ class PromptOptimizer(InputControl):
         )
         self.reused = not built
         self._load(entry)
+        return entry
 
     def _load(self, entry: Path) -> None:
         self.optimization = dict(read_json(entry / "result.json"))
@@ -472,31 +472,21 @@ class PromptOptimizer(InputControl):
         self._run(model, self.tokenizer)
         return None
 
-    def prepare_for_engine(
-        self, model_path: str | None, tokenizer: Any, *, trust_remote_code: bool = False, dtype: Any = None
-    ) -> Path | None:
-        """Optimize on the Hugging Face model of the engine's checkpoint before the engine boots, or find the chosen
-        instruction in the cache without loading it (the checkpoint's weights digest is memoised once loaded).
-        Returns the cache entry chosen now (None when it was found cached)."""
-        if model_path is None:
-            raise ValueError(f"{type(self).__name__} optimizes on model_name_or_path=; the backend has none.")
+    def found_for_engine(self, model_path: str, tokenizer: Any, dtype: Any = None) -> bool:
         self.tokenizer = tokenizer
-        memo = checkpoint_digest_memo(model_path, checkpoint_dtype(dtype), self.cache_dir)
-        base_digest = memoised_digest(memo)
-        if base_digest is not None:
-            entry = self.cache_folder / self.optimization_key(self.training_rows(), base_digest, tokenizer)
-            if is_complete(entry):
-                self.reused = True
-                self._load(entry)
-                return None
-        on_checkpoint_model(
-            model_path,
-            lambda model: self._run(model, tokenizer, memoise_digest(memo, model_path, model)),
-            purpose=f"{type(self).__name__} optimizes",
-            dtype=dtype,
-            trust_remote_code=trust_remote_code,
-        )
-        return None if self.reused or self.optimization is None else Path(self.optimization["path"])
+        digest = memoised_digest(checkpoint_digest_memo(model_path, checkpoint_dtype(dtype), self.cache_dir))
+        if digest is None:
+            return False
+        entry = self.cache_folder / self.optimization_key(self.training_rows(), digest, tokenizer)
+        if not is_complete(entry):
+            return False
+        self.reused = True
+        self._load(entry)
+        return True
+
+    def build_for_engine(self, model: torch.nn.Module, model_path: str, tokenizer: Any, dtype: Any = None) -> Path:
+        self.tokenizer = tokenizer
+        return self._run(model, tokenizer, memoise_digest(model, model_path, dtype, self.cache_dir))
 
     def cleanup(self) -> None:
         """Nothing to undo (the instruction stays chosen; the cache keeps it)."""

@@ -29,12 +29,14 @@ import shutil
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from steer_hydra.core.files import locked, read_json, write_json
 from steer_hydra.core.identity import canonical_json
+from steer_hydra.core.resident import on_checkpoint_model
+from steer_hydra.core.source import checkpoint_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -160,12 +162,54 @@ def memoised_digest(memo: Path | None) -> str | None:
     return read_json(memo)["weights"] if memo is not None and memo.is_file() else None
 
 
-def memoise_digest(memo: Path | None, model_path: str, model: torch.nn.Module) -> str:
-    """`weights_digest(model)` of the checkpoint at `model_path`, memoised at `memo` (when there is one)."""
+def memoise_digest(model: torch.nn.Module, model_path: str, dtype: Any, cache_dir: str | None) -> str:
+    """`weights_digest(model)` of the checkpoint at `model_path` loaded in `dtype`, memoised in `cache_dir`'s cache
+    (`checkpoint_digest_memo`), so the next lookup needs no load."""
     digest = weights_digest(model)
+    memo = checkpoint_digest_memo(model_path, checkpoint_dtype(dtype), cache_dir)
     if memo is not None:
         write_json(memo, {"model_path": str(model_path), "weights": digest})
     return digest
+
+
+class BuildsForEngine:
+    """Mixin of the controls that build what an engine serves on the engine's checkpoint (a trainer's adapter, a
+    prompt optimizer's instruction): `prepare_for_engine`, called by the vLLM backends before the engine boots,
+    finds it cached with no load (`found_for_engine`) or builds it (`build_for_engine`) on one load of the checkpoint.
+    `builds_ahead`: the app builds it before any job (`Backend.fit_ahead`), many controls on one load."""
+
+    builds_ahead: ClassVar[bool] = True
+    cache_dir: str | None
+
+    def found_for_engine(self, model_path: str, tokenizer: Any, dtype: Any = None) -> bool:
+        """Whether what this control builds for the engine's checkpoint is cached; if so it is ready to serve."""
+        raise NotImplementedError
+
+    def build_for_engine(self, model: torch.nn.Module, model_path: str, tokenizer: Any, dtype: Any = None) -> Path:
+        """Build (or find) it on `model`, the checkpoint's Hugging Face model loaded in `dtype`, leaving `model`
+        unchanged (the checkpoint's digest is memoised: `memoise_digest`); returns its cache entry, ready to serve.
+        Many controls may build on one load in turn (`Backend.fit_ahead`)."""
+        raise NotImplementedError
+
+    def prepare_for_engine(
+        self, model_path: str | None, tokenizer: Any, *, trust_remote_code: bool = False, dtype: Any = None
+    ) -> Path | None:
+        """Find or build it on the engine's checkpoint before the engine boots (a load of the checkpoint frees the
+        resident engine first: `core.resident.on_checkpoint_model`); returns the cache entry built now (None when
+        it was found cached)."""
+        if model_path is None:
+            raise ValueError(
+                f"{type(self).__name__} builds on the engine's checkpoint (model_name_or_path=); the backend has none."
+            )
+        if self.found_for_engine(model_path, tokenizer, dtype):
+            return None
+        return on_checkpoint_model(
+            model_path,
+            lambda model: self.build_for_engine(model, model_path, tokenizer, dtype),
+            purpose=f"{type(self).__name__} builds",
+            dtype=dtype,
+            trust_remote_code=trust_remote_code,
+        )
 
 
 def tokenizer_digest(tokenizer: Any) -> str | None:

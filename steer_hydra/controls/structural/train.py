@@ -18,7 +18,8 @@ same key resumes from the last checkpoint (or restarts when there is none).
 On the vLLM backends (LoRA only): the backend calls `prepare_for_engine(model_path, ...)` first, which trains (or
 finds) the adapter on the Hugging Face model of the engine's checkpoint before the engine boots, then serves it per
 request like any LoRAAdapter (`export_lora`). The base model's digest is memoised per checkpoint folder, so a cached
-adapter needs no second load of the model.
+adapter needs no second load of the model (`artifacts.BuildsForEngine`); the app trains it ahead of the jobs, beside
+the run's other trainings on one load (`Backend.fit_ahead`).
 
 Identity: the configuration's `config_id` holds the trainer, its Args (rows included) and a data file's sha256
 (`content_digests`); `vector_hash` is the trained adapter's (or weights') content digest.
@@ -47,6 +48,7 @@ from steer_hydra.controls.rows import (
     split_rows,
 )
 from steer_hydra.controls.structural.artifacts import (
+    BuildsForEngine,
     build_artifact,
     cache_root,
     checkpoint_digest_memo,
@@ -65,7 +67,6 @@ from steer_hydra.controls.structural.lora import LoRAAdapter, LoRAArtifact
 from steer_hydra.core.capabilities import Capability
 from steer_hydra.core.controls import BaseArgs, StructuralControl
 from steer_hydra.core.files import read_json, write_json
-from steer_hydra.core.resident import on_checkpoint_model
 from steer_hydra.core.source import checkpoint_dtype
 
 logger = logging.getLogger(__name__)
@@ -95,7 +96,7 @@ def _assistant(text: str) -> list[dict[str, str]]:
     return [{"role": "assistant", "content": text}]
 
 
-class TrainedAdapter(StructuralControl):
+class TrainedAdapter(BuildsForEngine, StructuralControl):
     """Base of the trainer controls: rows in, a cached adapter (or weights) out, applied as a LoRAAdapter.
 
     Subclasses set `TRAINER` and implement `format_row` and `_trainer` (the TRL trainer of their method).
@@ -157,9 +158,6 @@ class TrainedAdapter(StructuralControl):
     supports_batching = True
     supports_refill = True
     restores_base = True  # edits the given model in place and restores it bit for bit: runs on a shared base
-    # what `prepare_for_engine` builds is found again without loading the model (the base's digest is memoised per
-    # checkpoint), so an engine backend trains it once before any engine starts (`fit_ahead`)
-    builds_ahead: ClassVar[bool] = True
 
     def _configure(self) -> None:
         self._adapter: LoRAAdapter | None = None
@@ -383,27 +381,18 @@ class TrainedAdapter(StructuralControl):
         self._swap.restore()
 
     # ------------------------------------------------------------------ vLLM
-    def prepare_for_engine(
-        self, model_path: str | None, tokenizer: Any, *, trust_remote_code: bool = False, dtype: Any = None
-    ) -> Path | None:
-        """Train (or find) the adapter on the Hugging Face model of the engine's checkpoint, before the engine boots;
-        `export_lora()` then serves it. Returns the cache entry trained now (None when it was found cached)."""
-        if model_path is None:
-            raise ValueError(f"{type(self).__name__} trains on model_name_or_path=; the backend has none.")
-        memo = checkpoint_digest_memo(model_path, checkpoint_dtype(dtype), self.cache_dir)
-        base_digest = memoised_digest(memo)
+    def found_for_engine(self, model_path: str, tokenizer: Any, dtype: Any = None) -> bool:
+        digest = memoised_digest(checkpoint_digest_memo(model_path, checkpoint_dtype(dtype), self.cache_dir))
+        if digest is None:
+            return False
         rows = self.training_rows(tokenizer)
-        adapters = cache_root(self.cache_dir) / "adapters"
-        if base_digest is not None and is_complete(adapters / self.training_key(rows, base_digest, tokenizer)):
-            self._serve(self._build(None, tokenizer, base_digest))  # found in the cache: no model needed
-            return None
+        if not is_complete(cache_root(self.cache_dir) / "adapters" / self.training_key(rows, digest, tokenizer)):
+            return False
+        self._serve(self._build(None, tokenizer, digest))  # found in the cache: no model needed
+        return True
 
-        def train(model: torch.nn.Module) -> Path:
-            return self._build(model, tokenizer, memoise_digest(memo, model_path, model))
-
-        entry = on_checkpoint_model(
-            model_path, train, purpose=f"{type(self).__name__} trains", dtype=dtype, trust_remote_code=trust_remote_code
-        )
+    def build_for_engine(self, model: torch.nn.Module, model_path: str, tokenizer: Any, dtype: Any = None) -> Path:
+        entry = self._build(model, tokenizer, memoise_digest(model, model_path, dtype, self.cache_dir))
         self._serve(entry)
         return entry
 
