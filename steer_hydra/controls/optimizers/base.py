@@ -15,9 +15,10 @@ and every candidate's are written to the entry's `result.json`; `optimization` h
 The evaluation never reaches the optimizer: it sees only the training rows (`Evaluator.seen_inputs` lists every
 input it rolled out or scored), and the chosen instruction is fixed before the first evaluation request.
 
-On the vLLM backends the backend calls `prepare_for_engine(model_path, ...)` first: the optimization (or the cache
-lookup) runs on the Hugging Face model of the engine's checkpoint before the engine boots, and the control then
-rewrites prompts like SystemPrompt on every backend.
+On the vLLM backends the backend calls `prepare_for_engine(model_path, ...)` first (`artifacts.BuildsForEngine`):
+the cache lookup needs no model (the checkpoint's weights digest is memoised), the optimization runs on the Hugging
+Face model of the engine's checkpoint before the engine boots (the app runs it ahead of the jobs: `fit_ahead`), and
+the control then rewrites prompts like SystemPrompt on every backend.
 """
 
 from __future__ import annotations
