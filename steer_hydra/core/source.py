@@ -78,6 +78,19 @@ class ModelSource:
         return dataclasses.replace(self, **changes)
 
 
+def checkpoint_files(model_path: str) -> list[tuple[str, int, int]]:
+    """`(file name, size, mtime_ns)` of a local checkpoint folder's weight and config files (`.safetensors`, `.bin`,
+    `.json`), sorted by name; empty for a Hub id. What keys work done on a checkpoint (a fitted vector, a memoised
+    weights digest): a rewritten file changes it."""
+    from pathlib import Path
+
+    folder = Path(model_path)
+    if not folder.is_dir():
+        return []
+    files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in (".safetensors", ".bin", ".json"))
+    return [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+
+
 def checkpoint_dtype(dtype: Any) -> Any:
     """The torch dtype a model group's `hf_model_kwargs.dtype` names (a name or a torch dtype); float32 when it is
     unset or "auto": what a checkpoint is loaded in to fit or train on it for an engine backend."""

@@ -25,22 +25,11 @@ import torch
 
 from steer_hydra.core import resident
 from steer_hydra.core.identity import canonical_json
-from steer_hydra.core.source import checkpoint_dtype
+from steer_hydra.core.source import checkpoint_dtype, checkpoint_files
 from steer_hydra.models.loading import model_construction
 from steer_hydra.models.references import cache_dir
 
 logger = logging.getLogger(__name__)
-
-_CHECKPOINT_FILES = ("*.safetensors", "*.bin", "*.json")
-
-
-def checkpoint_identity(model_path: str) -> list[tuple[str, int, int]]:
-    """`(file name, size, mtime_ns)` of a local checkpoint's weight and config files (empty for a Hub id)."""
-    folder = Path(model_path)
-    if not folder.is_dir():
-        return []
-    files = sorted({p for pattern in _CHECKPOINT_FILES for p in folder.glob(pattern)})
-    return [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
 
 
 def fit_key(control: Any, model_path: str, *, dtype: torch.dtype, device: str) -> str:
@@ -48,7 +37,7 @@ def fit_key(control: Any, model_path: str, *, dtype: torch.dtype, device: str) -
     payload = {
         "fit": control.fit_identity(),
         "checkpoint": str(Path(model_path).resolve()) if Path(model_path).exists() else model_path,
-        "files": checkpoint_identity(model_path),
+        "files": checkpoint_files(model_path),
         "dtype": str(dtype),
         "device": device,
     }

@@ -40,7 +40,6 @@ from steer_hydra.controls.structural.artifacts import (
     BuildsForEngine,
     build_artifact,
     cache_root,
-    checkpoint_digest_memo,
     content_key,
     file_sha256,
     is_complete,
@@ -53,7 +52,6 @@ from steer_hydra.core.controls import BaseArgs, InputControl
 from steer_hydra.core.files import read_json, write_json
 from steer_hydra.core.rendering import has_chat_template
 from steer_hydra.core.scoring import as_score
-from steer_hydra.core.source import checkpoint_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -475,7 +473,7 @@ class PromptOptimizer(BuildsForEngine, InputControl):
 
     def found_for_engine(self, model_path: str, tokenizer: Any, dtype: Any = None) -> bool:
         self.tokenizer = tokenizer
-        digest = memoised_digest(checkpoint_digest_memo(model_path, checkpoint_dtype(dtype), self.cache_dir))
+        digest = memoised_digest(model_path, dtype, self.cache_dir)
         if digest is None:
             return False
         entry = self.cache_folder / self.optimization_key(self.training_rows(), digest, tokenizer)

@@ -36,7 +36,7 @@ import torch
 from steer_hydra.core.files import locked, read_json, write_json
 from steer_hydra.core.identity import canonical_json
 from steer_hydra.core.resident import on_checkpoint_model
-from steer_hydra.core.source import checkpoint_dtype
+from steer_hydra.core.source import checkpoint_dtype, checkpoint_files
 
 logger = logging.getLogger(__name__)
 
@@ -143,30 +143,27 @@ def weights_digest(model: torch.nn.Module) -> str:
     return digest.hexdigest()
 
 
-def checkpoint_digest_memo(
-    model_path: str, dtype: torch.dtype, cache_dir: str | os.PathLike[str] | None = None
-) -> Path | None:
-    """Where the `weights_digest` of a local checkpoint's model loaded in `dtype` is memoised (None for a Hub id), so
-    an artifact built on an engine's checkpoint is found again without loading the model. Keyed by the folder and
-    the name, size and modification time of its weight and config files: a changed checkpoint is loaded again."""
-    folder = Path(model_path)
-    if not folder.is_dir():
+def _digest_memo(model_path: str, dtype: Any, cache_dir: str | os.PathLike[str] | None) -> Path | None:
+    """Where the `weights_digest` of a local checkpoint's model loaded in `dtype` is memoised (None for a Hub id).
+    Keyed by the folder and the stamps of its weight and config files: a changed checkpoint is loaded again."""
+    if not Path(model_path).is_dir():
         return None
-    files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in (".safetensors", ".bin", ".json"))
-    stats = [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
-    return cache_root(cache_dir) / "digests" / f"base-{content_key([str(folder.resolve()), stats, str(dtype)])}.json"
+    payload = [str(Path(model_path).resolve()), checkpoint_files(model_path), str(checkpoint_dtype(dtype))]
+    return cache_root(cache_dir) / "digests" / f"base-{content_key(payload)}.json"
 
 
-def memoised_digest(memo: Path | None) -> str | None:
-    """The weights digest memoised at `memo` (`checkpoint_digest_memo`), or None."""
+def memoised_digest(model_path: str, dtype: Any, cache_dir: str | os.PathLike[str] | None) -> str | None:
+    """The `weights_digest` of the checkpoint at `model_path` loaded in `dtype`, as `memoise_digest` kept it in
+    `cache_dir`'s cache, or None: an artifact built on an engine's checkpoint is found again without a load."""
+    memo = _digest_memo(model_path, dtype, cache_dir)
     return read_json(memo)["weights"] if memo is not None and memo.is_file() else None
 
 
 def memoise_digest(model: torch.nn.Module, model_path: str, dtype: Any, cache_dir: str | None) -> str:
     """`weights_digest(model)` of the checkpoint at `model_path` loaded in `dtype`, memoised in `cache_dir`'s cache
-    (`checkpoint_digest_memo`), so the next lookup needs no load."""
+    for `memoised_digest`."""
     digest = weights_digest(model)
-    memo = checkpoint_digest_memo(model_path, checkpoint_dtype(dtype), cache_dir)
+    memo = _digest_memo(model_path, dtype, cache_dir)
     if memo is not None:
         write_json(memo, {"model_path": str(model_path), "weights": digest})
     return digest

@@ -51,7 +51,6 @@ from steer_hydra.controls.structural.artifacts import (
     BuildsForEngine,
     build_artifact,
     cache_root,
-    checkpoint_digest_memo,
     content_key,
     file_sha256,
     folder_sha256,
@@ -67,7 +66,6 @@ from steer_hydra.controls.structural.lora import LoRAAdapter, LoRAArtifact
 from steer_hydra.core.capabilities import Capability
 from steer_hydra.core.controls import BaseArgs, StructuralControl
 from steer_hydra.core.files import read_json, write_json
-from steer_hydra.core.source import checkpoint_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -382,7 +380,7 @@ class TrainedAdapter(BuildsForEngine, StructuralControl):
 
     # ------------------------------------------------------------------ vLLM
     def found_for_engine(self, model_path: str, tokenizer: Any, dtype: Any = None) -> bool:
-        digest = memoised_digest(checkpoint_digest_memo(model_path, checkpoint_dtype(dtype), self.cache_dir))
+        digest = memoised_digest(model_path, dtype, self.cache_dir)
         if digest is None:
             return False
         rows = self.training_rows(tokenizer)
